@@ -1,0 +1,209 @@
+// The ledger: every request's reservation and settlement, the budgets they draw on, and the
+// conversation state needed to charge the next request. One interface, two stores (SQLite for one
+// machine, PostgreSQL for replicas sharing budgets — SPEC §9). Every method is async so that both
+// stores fit; admission is a single atomic step in each store.
+
+export type ModeName = 'normal' | 'final-answer';
+
+/** What admission reserves: tokens against the run, worst-case money against caps and month. */
+export interface Reservation {
+  id: string;
+  /** ms since the epoch */
+  time: number;
+  tenant: string;
+  keyId: string | null;
+  conversation: string;
+  /** The conversation named in `x-tollgate-parent`, whose cap this one shares. */
+  parent: string | null;
+  run: string;
+  model: string;
+  upstream: string;
+  endpoint: string;
+  mode: ModeName;
+  /** Why final-answer mode was chosen (`rounds|tokens|time|patience`), else null. */
+  finalReason: string | null;
+  rows: number;
+  promptTokens: number;
+  countMethod: string;
+  sharedPrefixTokens: number;
+  /** Tokens of prompt charged: max(0, prompt − max(0, shared − 16)). */
+  promptCharge: number;
+  allowance: number;
+  /** The run's budget in tokens; null when the token bound is off. */
+  runBudgetTokens: number | null;
+  /** Worst case in USD (whole prompt uncached + whole allowance, list price); null = not money. */
+  worstCaseUsd: number | null;
+  /** 'YYYY-MM' in UTC: the month the spend counts in. */
+  month: string;
+}
+
+export type AdmitRefusal =
+  | { ok: false; scope: 'run'; remainingTokens: number; neededTokens: number; limitTokens: number }
+  | {
+      ok: false;
+      scope: 'conversation' | 'parent' | 'monthly';
+      spentUsd: number;
+      limitUsd: number;
+      neededUsd: number;
+    };
+
+export type AdmitResult = { ok: true } | AdmitRefusal;
+
+export interface UpstreamFigures {
+  promptTokens: number | null;
+  completionTokens: number | null;
+  cachedTokens: number | null;
+  /** llama.cpp `timings.prompt_n`: prompt tokens the server really evaluated. */
+  promptN: number | null;
+  /** llama.cpp `timings.cache_n`: prompt tokens it reused from its cache. */
+  cacheN: number | null;
+}
+
+export interface Settlement {
+  /** HTTP status the client got (or 499 for a client that went away). */
+  status: number;
+  generatedTokens: number;
+  outputMethod: string;
+  /** promptCharge + generated */
+  chargeTokens: number;
+  /** allowance − generated (never negative) */
+  refundTokens: number;
+  costUsd: number | null;
+  savedUsd: number | null;
+  /** List-price value of a `plan` turn's work ("of work"), else null. */
+  planWorkUsd: number | null;
+  billing: 'local' | 'plan' | 'metered';
+  upstreamFigures: UpstreamFigures;
+  fallback: boolean;
+  finishedAt: number;
+}
+
+/** Conversation state kept to charge and infer the next request (shared by replicas). */
+export interface ConversationHead {
+  conversation: string;
+  keyId: string | null;
+  tenant: string;
+  model: string;
+  /** Hash of tools + tool_choice ('' when none offered). */
+  toolHash: string;
+  /** Prefix-chain hashes: chain[i] identifies messages[0..i] (i.e. i+1 leading messages). */
+  chain: string[];
+  /** prefix[k] = tokens of the rendered leading k messages (see ChatCount.prefix). */
+  prefix: number[];
+  /** Cost of the last reply, for the "pricier" notice. */
+  lastCostUsd: number | null;
+  lastPromptTokens: number;
+  lastOutputTokens: number;
+  time: number;
+}
+
+export interface RunState {
+  run: string;
+  conversation: string;
+  startedAt: number;
+  budgetTokens: number | null;
+  /** Reserved-and-not-refunded tokens: in-flight reservations plus settled charges. */
+  usedTokens: number;
+}
+
+export interface ConversationSpend {
+  conversation: string;
+  tenant: string;
+  parent: string | null;
+  spentUsd: number;
+  savedUsd: number;
+  planTurns: number;
+  tasksUsd: number;
+  turns: number;
+  capUsd: number | null;
+  byModel: Record<string, { turns: number; spentUsd: number }>;
+}
+
+export interface TenantRecord {
+  id: string;
+  monthlyBudgetUsd: number | null;
+}
+
+export interface KeyRecord {
+  id: string;
+  tenant: string;
+  name: string | null;
+}
+
+export interface LedgerRow {
+  id: string;
+  time: string;
+  tenant: string;
+  key_id: string | null;
+  conversation: string;
+  parent: string | null;
+  run: string;
+  model: string;
+  upstream: string;
+  endpoint: string;
+  mode: ModeName;
+  final_reason: string | null;
+  status: number | null;
+  state: 'reserved' | 'settled' | 'recovered';
+  rows: number;
+  prompt_tokens: number;
+  count_method: string;
+  shared_prefix_tokens: number;
+  prompt_charge: number;
+  allowance: number;
+  reserved_tokens: number;
+  generated_tokens: number | null;
+  output_method: string | null;
+  charge_tokens: number | null;
+  refund_tokens: number | null;
+  worst_case_usd: number | null;
+  cost_usd: number | null;
+  saved_usd: number | null;
+  billing: string | null;
+  upstream_prompt_tokens: number | null;
+  upstream_completion_tokens: number | null;
+  upstream_cached_tokens: number | null;
+  upstream_prompt_n: number | null;
+  upstream_cache_n: number | null;
+  fallback: boolean;
+  finished_at: string | null;
+}
+
+export interface Ledger {
+  readonly kind: 'sqlite' | 'postgres';
+  /** Apply versioned migrations (safe when two replicas start at once). */
+  migrate(): Promise<void>;
+  /** Settle reservations left open by a crash: charged in full, flagged. Returns how many. */
+  recoverStale(olderThanMs: number, now: number): Promise<number>;
+  ping(): Promise<void>;
+  close(): Promise<void>;
+
+  // Admission and settlement — each one atomic.
+  admit(r: Reservation): Promise<AdmitResult>;
+  settle(id: string, s: Settlement): Promise<void>;
+
+  // Conversation state.
+  getHead(conversation: string): Promise<ConversationHead | null>;
+  putHead(head: ConversationHead): Promise<void>;
+  /** Most recent conversation of this key whose last message list hashes to one of `chain`. */
+  findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null>;
+  getRun(run: string): Promise<RunState | null>;
+
+  // Money.
+  conversationSpend(conversation: string): Promise<ConversationSpend | null>;
+  setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void>;
+  tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }>;
+  /** True exactly once per tenant and month: the caller sends `budget-near`. */
+  claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;
+
+  // Tenants and keys (operator API). Keys are stored as SHA-256 hashes only.
+  upsertTenant(t: TenantRecord): Promise<void>;
+  getTenant(id: string): Promise<TenantRecord | null>;
+  setTenantBudget(id: string, monthlyBudgetUsd: number | null): Promise<boolean>;
+  createKey(k: KeyRecord & { hash: string }): Promise<void>;
+  deleteKey(id: string): Promise<boolean>;
+  findKeyByHash(hash: string): Promise<KeyRecord | null>;
+
+  // Export.
+  exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow>;
+}

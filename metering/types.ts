@@ -1,0 +1,76 @@
+// Shared shapes of the metering core. Plain TypeScript: nothing here knows about Fastify.
+
+/**
+ * How a count was obtained (SPEC §2). An upper bound from splitting a pathological run of text
+ * is labelled `tiktoken:<encoding>:upper-bound`; a byte estimate is always `estimate:bytes`.
+ */
+export type CountMethod =
+  | `tiktoken:${string}`
+  | 'llamacpp'
+  | 'provider'
+  | 'estimate:bytes';
+
+export interface ToolCall {
+  id?: string;
+  type?: string;
+  function?: { name?: string; arguments?: string };
+}
+
+export type ContentPart = { type: string; text?: string; [k: string]: unknown };
+
+export interface ChatMessage {
+  role: string;
+  content?: string | ContentPart[] | null;
+  name?: string;
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+  [k: string]: unknown;
+}
+
+export interface ToolDefinition {
+  type: string;
+  function: {
+    name: string;
+    description?: string;
+    parameters?: Record<string, unknown>;
+    [k: string]: unknown;
+  };
+}
+
+/** The parts of a chat request that decide what the model reads. */
+export interface ChatPrompt {
+  model: string;
+  messages: ChatMessage[];
+  tools?: ToolDefinition[];
+  tool_choice?: unknown;
+}
+
+/** A chat prompt's count, with the running total after each message for shared-prefix charging. */
+export interface ChatCount {
+  /** Whole prompt as the model reads it: tools + messages + reply priming. */
+  tokens: number;
+  /**
+   * `prefix[k]` = tokens of the rendered leading k messages (tool definitions included, reply
+   * priming excluded). `prefix[0]` is the tools' share. Length = messages.length + 1.
+   */
+  prefix: number[];
+  method: CountMethod;
+  /** True when a pathological run was split and the count is an upper bound, not exact. */
+  upperBound: boolean;
+}
+
+export interface TextCount {
+  tokens: number;
+  method: CountMethod;
+  upperBound: boolean;
+}
+
+/** One tokenizer family (tiktoken encoding, a llama.cpp server, or the byte estimate). */
+export interface TokenCounter {
+  readonly method: CountMethod;
+  countChat(prompt: ChatPrompt, signal?: AbortSignal): Promise<ChatCount>;
+  /** A completions prompt row or an embeddings input row (plain text, no chat formatting). */
+  countText(text: string, signal?: AbortSignal): Promise<TextCount>;
+  /** Output text as generated (used to meter streamed output when the provider gives no usage). */
+  countOutput(text: string): number;
+}
