@@ -1,0 +1,14 @@
+// The plain text of a chat message's content, for comparing tool results and quoting them.
+
+import type { ChatMessage } from '../types.js';
+
+/** String content as is; content parts joined by their `text`; anything else is ''. */
+export function messageText(content: ChatMessage['content']): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  const texts: string[] = [];
+  for (const part of content) {
+    if (typeof part?.text === 'string') texts.push(part.text);
+  }
+  return texts.join('\n');
+}

@@ -1,0 +1,158 @@
+// Run recognition from the messages of one chat request alone (SPEC §5, ADR 0007): the run is
+// everything after the last `user` message. No client cooperation, no stored state: the message
+// list a tool-using client resends every turn already holds the run's whole history.
+
+import type { ChatMessage } from '../types.js';
+import { canonicalArguments, canonicalJson, sha256Hex } from './canonical-json.js';
+
+export interface BatchCall {
+  id: string | null;
+  name: string;
+  /** The arguments string as the model wrote it. */
+  arguments: string;
+  /** Index in `messages` of the `tool` message answering this call, or null if none does. */
+  resultIndex: number | null;
+}
+
+/** One assistant message carrying tool calls, with the `tool` messages that answer it. */
+export interface ToolBatch {
+  /** Index in `messages` of the assistant message. */
+  assistantIndex: number;
+  /** Calls in the order the model made them, each with its result. */
+  calls: BatchCall[];
+  /** True when any call names a configured write tool. */
+  hasWrite: boolean;
+  /** Identity for patience: names, canonical arguments and results — never ids. */
+  signature: string;
+}
+
+export interface RunInspection {
+  /** Index of the last `user` message, −1 when there is none (the whole list is the run). */
+  lastUserIndex: number;
+  /** Assistant turns in the run carrying tool calls. */
+  toolRounds: number;
+  /** Consecutive identical read-only batches ending at the latest batch (0 after a write). */
+  identicalStreak: number;
+  lastBatchHasWrite: boolean;
+  batches: ToolBatch[];
+}
+
+export function findLastUserIndex(messages: readonly ChatMessage[]): number {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    if (messages[i]?.role === 'user') return i;
+  }
+  return -1;
+}
+
+export function inspectRun(messages: readonly ChatMessage[], writeTools: readonly string[]): RunInspection {
+  const lastUserIndex = findLastUserIndex(messages);
+  const writes = new Set(writeTools);
+  const batches: ToolBatch[] = [];
+  let identicalStreak = 0;
+  let previous: ToolBatch | null = null;
+
+  for (let i = lastUserIndex + 1; i < messages.length; i++) {
+    const m = messages[i]!;
+    if (m.role !== 'assistant' || !Array.isArray(m.tool_calls) || m.tool_calls.length === 0) continue;
+    const batch = readBatch(messages, i, writes);
+    batches.push(batch);
+    // Writes change the world, so a repeated write is not "no progress" (seed 001): it resets the
+    // streak and the batch after it starts a new one.
+    if (batch.hasWrite) identicalStreak = 0;
+    else if (previous !== null && !previous.hasWrite && previous.signature === batch.signature) identicalStreak++;
+    else identicalStreak = 1;
+    previous = batch;
+  }
+
+  return {
+    lastUserIndex,
+    toolRounds: batches.length,
+    identicalStreak,
+    lastBatchHasWrite: previous?.hasWrite ?? false,
+    batches,
+  };
+}
+
+function readBatch(messages: readonly ChatMessage[], assistantIndex: number, writes: Set<string>): ToolBatch {
+  const toolCalls = messages[assistantIndex]!.tool_calls ?? [];
+  const calls: BatchCall[] = toolCalls.map((c) => ({
+    id: typeof c.id === 'string' ? c.id : null,
+    name: c.function?.name ?? '',
+    arguments: c.function?.arguments ?? '',
+    resultIndex: null,
+  }));
+
+  // The answers are the `tool` messages up to the next assistant turn. Matching stays inside that
+  // window because some models reuse ids (`call_0`) every round.
+  const window: number[] = [];
+  for (let j = assistantIndex + 1; j < messages.length; j++) {
+    const role = messages[j]!.role;
+    if (role === 'assistant' || role === 'user') break;
+    if (role === 'tool') window.push(j);
+  }
+  const used = new Set<number>();
+  for (const call of calls) {
+    if (call.id === null) continue;
+    const j = window.find((k) => !used.has(k) && messages[k]!.tool_call_id === call.id);
+    if (j !== undefined) {
+      call.resultIndex = j;
+      used.add(j);
+    }
+  }
+  // Clients that drop or rewrite ids still answer in call order: pair the rest by position.
+  const leftover = window.filter((k) => !used.has(k));
+  for (const call of calls) {
+    if (call.resultIndex === null && leftover.length > 0) call.resultIndex = leftover.shift()!;
+  }
+
+  // Parallel calls may come back in any order; the same reads with the same results are the same
+  // evidence, so the signature sorts the (name, arguments, result) triples.
+  const triples = calls
+    .map((c) =>
+      canonicalJson([
+        c.name,
+        canonicalArguments(c.arguments),
+        c.resultIndex === null ? null : canonicalJson(messages[c.resultIndex]!.content ?? ''),
+      ]),
+    )
+    .sort();
+
+  return {
+    assistantIndex,
+    calls,
+    hasWrite: calls.some((c) => writes.has(c.name)),
+    signature: triples.join('\n'),
+  };
+}
+
+/**
+ * Prefix-chain hashes: `h[i] = H(h[i−1] ‖ H(canonical JSON of message i))`, `h[−1] = ''`.
+ * `h[i]` identifies messages[0..i]; two requests share their first k messages exactly when their
+ * `h[k−1]` match, which is how a conversation and its shared prefix are found without an id.
+ */
+export function chainHashes(messages: readonly ChatMessage[]): string[] {
+  const out: string[] = [];
+  let prev = '';
+  for (const m of messages) {
+    prev = sha256Hex(`${prev}|${sha256Hex(canonicalJson(m))}`);
+    out.push(prev);
+  }
+  return out;
+}
+
+/**
+ * A stable key for the run: the hash of messages[0..lastUserIndex] — the same for every request
+ * of one question's research, different for the next question. With no user message at all the
+ * key covers the leading messages before the first assistant or tool turn (the system prompt),
+ * which is as stable as such a client allows. Combine it with the conversation id: two
+ * conversations asking the same first question have the same key.
+ */
+export function runKey(messages: readonly ChatMessage[]): string {
+  let anchor = findLastUserIndex(messages);
+  if (anchor < 0) {
+    anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
+    if (anchor < -1) anchor = messages.length - 1;
+  }
+  if (anchor < 0) return sha256Hex('');
+  return chainHashes(messages.slice(0, anchor + 1))[anchor]!;
+}

@@ -1,0 +1,100 @@
+// Tool-call markup that models write into plain text when their server does not parse it (or when
+// no tools were offered, as in a final turn): Hermes/Qwen `<tool_call>`, Phi-4 and Granite
+// `<|tool_call|>`, Kimi's and DeepSeek's call sections, Mistral's `[TOOL_CALLS]`, Llama 3.1's
+// `<|python_tag|>` and Llama 3.2's `<function=…>`. A final turn must not show any of it (seed 001).
+
+interface Marker {
+  open: string;
+  /** null: the markup runs to the end of the text (the format has no closing tag). */
+  close: string | null;
+}
+
+const MARKERS: readonly Marker[] = [
+  { open: '<tool_call>', close: '</tool_call>' },
+  { open: '<|tool_call|>', close: '<|/tool_call|>' },
+  { open: '<|tool_calls_section_begin|>', close: '<|tool_calls_section_end|>' },
+  { open: '<｜tool▁calls▁begin｜>', close: '<｜tool▁calls▁end｜>' },
+  { open: '<function=', close: '</function>' },
+  { open: '[TOOL_CALLS]', close: null },
+  { open: '<|python_tag|>', close: null },
+];
+
+const LONGEST_OPEN = Math.max(...MARKERS.map((m) => m.open.length));
+
+/**
+ * Removes tool-call markup from text that arrives in pieces. Outside markup it holds back only a
+ * tail that could be the start of an opening tag (`<tool_c`), so text keeps streaming; inside
+ * markup it keeps only a tail that could be the start of the closing tag, so memory stays bounded.
+ * An opening tag never closed is dropped to the end of the text.
+ */
+export class MarkupStripper {
+  private pending = '';
+  private inside: Marker | null = null;
+  /** True once any markup was found (and removed). */
+  found = false;
+
+  /** Feeds a piece of text; returns what can be shown now. */
+  push(text: string): string {
+    let s = this.pending + text;
+    this.pending = '';
+    let out = '';
+    while (s.length > 0) {
+      if (this.inside !== null) {
+        const close = this.inside.close;
+        if (close === null) return out; // runs to the end: drop everything from here on
+        const at = s.indexOf(close);
+        if (at < 0) {
+          this.pending = s.slice(Math.max(0, s.length - (close.length - 1)));
+          return out;
+        }
+        s = s.slice(at + close.length);
+        this.inside = null;
+        continue;
+      }
+      const hit = earliestOpen(s);
+      if (hit === null) {
+        const hold = partialOpenLength(s);
+        this.pending = s.slice(s.length - hold);
+        return out + s.slice(0, s.length - hold);
+      }
+      out += s.slice(0, hit.at);
+      s = s.slice(hit.at + hit.marker.open.length);
+      this.inside = hit.marker;
+      this.found = true;
+    }
+    return out;
+  }
+
+  /** The text is complete: returns what was held back as a possible tag start. */
+  finish(): string {
+    // An unclosed markup block is dropped; a held tail that never became a tag is ordinary text.
+    const rest = this.inside === null ? this.pending : '';
+    this.pending = '';
+    return rest;
+  }
+}
+
+/** Whole-text form of `MarkupStripper`. */
+export function stripMarkup(text: string): { text: string; found: boolean } {
+  const s = new MarkupStripper();
+  const out = s.push(text) + s.finish();
+  return { text: out, found: s.found };
+}
+
+function earliestOpen(s: string): { at: number; marker: Marker } | null {
+  let best: { at: number; marker: Marker } | null = null;
+  for (const marker of MARKERS) {
+    const at = s.indexOf(marker.open);
+    if (at >= 0 && (best === null || at < best.at)) best = { at, marker };
+  }
+  return best;
+}
+
+/** Length of the longest tail of `s` that is a proper prefix of some opening tag. */
+function partialOpenLength(s: string): number {
+  for (let k = Math.min(s.length, LONGEST_OPEN - 1); k > 0; k--) {
+    const tail = s.slice(s.length - k);
+    if (MARKERS.some((m) => m.open.length > k && m.open.startsWith(tail))) return k;
+  }
+  return 0;
+}
