@@ -1,0 +1,75 @@
+// One model's list price, wherever it came from (the embedded genai-prices catalogue or the
+// operator's override file), and the arithmetic every money figure in Tollgate shares.
+
+/** How an upstream charges (SPEC §7): this machine is free, a plan spends no money, metered does. */
+export type Billing = 'local' | 'plan' | 'metered';
+
+/**
+ * A long-context tier: once a request's input tokens exceed `start`, every token of the request is
+ * billed at `price` (genai-prices' rule — the provider reprices the whole request, not the excess).
+ */
+export interface PriceTier {
+  start: number;
+  price: number;
+}
+
+/** USD per million tokens, in genai-prices' usage convention (input includes cached input). */
+export interface ModelPrice {
+  /** The name the price was found under (catalogue model id, or the override file's key). */
+  model: string;
+  inputMtok: number;
+  /** Null when the model has no separate cache-read price: cached input is billed as input. */
+  cacheReadMtok: number | null;
+  /** 0 for models that produce no output tokens (embeddings). */
+  outputMtok: number;
+  /** `override:<file>` or `genai-prices@<version>`. */
+  source: string;
+  /** The override's date (YYYY-MM-DD); null for the catalogue, whose bundled data carries none. */
+  date: string | null;
+  /** Catalogue provider id (`openai`, `openrouter`…); null for an override. */
+  provider?: string | null;
+  /** The override entry's own `source` text (where the operator read the price), if any. */
+  reference?: string | null;
+  /** Long-context tiers per rate; absent or empty when the price is flat. */
+  tiers?: { input?: PriceTier[]; cacheRead?: PriceTier[]; output?: PriceTier[] };
+}
+
+/** The three per-Mtok rates that apply to a request with `inputTokens` of prompt. */
+export interface Rates {
+  input: number;
+  cacheRead: number;
+  output: number;
+}
+
+function tiered(base: number, tiers: PriceTier[] | undefined, inputTokens: number): number {
+  let rate = base;
+  // Tiers are sorted by start; the last one the request passes wins.
+  for (const t of tiers ?? []) if (inputTokens > t.start) rate = t.price;
+  return rate;
+}
+
+/** Rates for a request of `inputTokens` prompt tokens (long-context tiers applied). */
+export function ratesAt(price: ModelPrice, inputTokens: number): Rates {
+  const input = tiered(price.inputMtok, price.tiers?.input, inputTokens);
+  const cacheRead =
+    price.cacheReadMtok === null ? input : tiered(price.cacheReadMtok, price.tiers?.cacheRead, inputTokens);
+  return { input, cacheRead, output: tiered(price.outputMtok, price.tiers?.output, inputTokens) };
+}
+
+/** Blended list price used to compare models: input + output USD per Mtok (ADR 0006). */
+export function blendedMtok(price: ModelPrice): number {
+  return price.inputMtok + price.outputMtok;
+}
+
+/**
+ * Round a USD amount to 1e-10 so float dust (0.1 + 0.2) never reaches the ledger; a tenth of a
+ * nano-dollar is far below any single token's price in the catalogue.
+ */
+export function roundUsd(usd: number): number {
+  return Math.round(usd * 1e10) / 1e10;
+}
+
+/** Cost of `tokens` at `mtokRate` USD per million. */
+export function tokensUsd(tokens: number, mtokRate: number): number {
+  return (tokens * mtokRate) / 1_000_000;
+}

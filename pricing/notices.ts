@@ -1,0 +1,54 @@
+// `x-tollgate-notice` values (SPEC §7): said once, quietly, and only when it matters.
+
+import { ratesAt, roundUsd, tokensUsd, type Billing, type ModelPrice } from './model-price.js';
+import { formatUsdFigure } from './usd-format.js';
+
+/** Share of a monthly budget at which the crossing response says `budget-near`. */
+export const BUDGET_NEAR_SHARE = 0.8;
+/** The pricier notice stays quiet below this estimate: a short chat is not worth a word. */
+export const PRICIER_MIN_USD = 0.25;
+/** …and unless the new model's reply costs at least this many times the last one. */
+export const PRICIER_MIN_RATIO = 2;
+
+export const BUDGET_NEAR_NOTICE = 'budget-near';
+
+/**
+ * True when this response moved the month's spend from below 80 % of the budget to 80 % or more.
+ * The ledger's `claimBudgetNearNotice` then makes it once per tenant per month across replicas.
+ */
+export function budgetNearCrossed(beforeUsd: number, afterUsd: number, budgetUsd: number | null): boolean {
+  if (budgetUsd === null || !(budgetUsd > 0)) return false;
+  const line = budgetUsd * BUDGET_NEAR_SHARE;
+  return beforeUsd < line && afterUsd >= line;
+}
+
+export interface PricierInput {
+  /** What the conversation's last reply cost; null when it could not be priced. */
+  lastCostUsd: number | null;
+  lastPromptTokens: number;
+  lastOutputTokens: number;
+  newPrice: ModelPrice | null;
+  newBilling: Billing;
+}
+
+/**
+ * What a reply like the last one would cost on the new model: same prompt and output size, at list
+ * price, nothing from the cache — a model the conversation has not used starts cold.
+ */
+export function estimateLikeLastUsd(price: ModelPrice, promptTokens: number, outputTokens: number): number {
+  const r = ratesAt(price, promptTokens);
+  return roundUsd(tokensUsd(Math.max(0, promptTokens), r.input) + tokensUsd(Math.max(0, outputTokens), r.output));
+}
+
+/**
+ * The header value `pricier; estimate_usd=0.84; last_usd=0.21` when switching models makes each
+ * reply cost ≥ $0.25 and ≥ 2× the last; else null. Never for a local or plan model (no money), an
+ * unpriced one, or when the last reply's cost is unknown (there is nothing honest to compare).
+ */
+export function pricierNotice(input: PricierInput): string | null {
+  const { lastCostUsd, lastPromptTokens, lastOutputTokens, newPrice, newBilling } = input;
+  if (newBilling !== 'metered' || !newPrice || lastCostUsd === null) return null;
+  const estimate = estimateLikeLastUsd(newPrice, lastPromptTokens, lastOutputTokens);
+  if (estimate < PRICIER_MIN_USD || estimate < PRICIER_MIN_RATIO * lastCostUsd) return null;
+  return `pricier; estimate_usd=${formatUsdFigure(estimate)}; last_usd=${formatUsdFigure(lastCostUsd)}`;
+}

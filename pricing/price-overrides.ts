@@ -1,0 +1,92 @@
+// The operator's price override file (SPEC §11):
+//   {"models": {"<model>": {"input_mtok", "cache_read_mtok", "output_mtok", "source", "date"}}}
+// USD per million tokens, genai-prices' field names. Read once at start; every bad field is named
+// in the error the way the config's are (`prices.models["x"].input_mtok: must be …`), so the
+// operator knows exactly what to fix.
+
+import { readFileSync } from 'node:fs';
+import type { ModelPrice } from './model-price.js';
+
+export class PriceOverridesError extends Error {
+  override name = 'PriceOverridesError';
+}
+
+const ENTRY_FIELDS = ['input_mtok', 'cache_read_mtok', 'output_mtok', 'source', 'date'];
+const DATE = /^\d{4}-\d{2}-\d{2}$/;
+
+function isObj(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function isPrice(v: unknown): v is number {
+  return typeof v === 'number' && Number.isFinite(v) && v >= 0;
+}
+
+/**
+ * Validate a parsed override document. `file` names the source (`override:<file>`).
+ * Required per model: `input_mtok`, `output_mtok`, `date`; `cache_read_mtok` and `source` optional
+ * (without a cache-read price, cached input is billed as input — never guessed cheaper).
+ */
+export function parsePriceOverrides(raw: unknown, file: string): Map<string, ModelPrice> {
+  const fail = (where: string, msg: string): never => {
+    throw new PriceOverridesError(`prices${where}: ${msg} (in ${file})`);
+  };
+  if (!isObj(raw)) fail('', 'must be an object like {"models": {…}}');
+  const doc = raw as Record<string, unknown>;
+  for (const k of Object.keys(doc)) if (k !== 'models') fail(`.${k}`, 'unknown field (expected models)');
+  const models = doc.models ?? {};
+  if (!isObj(models)) fail('.models', 'must be an object keyed by model name');
+
+  const out = new Map<string, ModelPrice>();
+  for (const [model, entry] of Object.entries(models as Record<string, unknown>)) {
+    const at = `.models[${JSON.stringify(model)}]`;
+    if (model.trim() === '') fail(at, 'model name must not be empty');
+    if (!isObj(entry)) fail(at, 'must be an object with input_mtok, output_mtok and date');
+    const e = entry as Record<string, unknown>;
+    for (const k of Object.keys(e)) {
+      if (!ENTRY_FIELDS.includes(k)) fail(`${at}.${k}`, `unknown field (expected one of ${ENTRY_FIELDS.join(', ')})`);
+    }
+    for (const k of ['input_mtok', 'output_mtok']) {
+      if (!isPrice(e[k])) fail(`${at}.${k}`, 'must be a non-negative number');
+    }
+    if (e.cache_read_mtok !== undefined && e.cache_read_mtok !== null && !isPrice(e.cache_read_mtok)) {
+      fail(`${at}.cache_read_mtok`, 'must be a non-negative number (or omitted)');
+    }
+    if (e.source !== undefined && e.source !== null && typeof e.source !== 'string') {
+      fail(`${at}.source`, 'must be a string');
+    }
+    if (typeof e.date !== 'string' || !DATE.test(e.date) || Number.isNaN(Date.parse(e.date))) {
+      fail(`${at}.date`, 'must be a date written YYYY-MM-DD (when the price was read)');
+    }
+    out.set(model, {
+      model,
+      inputMtok: e.input_mtok as number,
+      cacheReadMtok: (e.cache_read_mtok as number | null | undefined) ?? null,
+      outputMtok: e.output_mtok as number,
+      source: `override:${file}`,
+      date: e.date as string,
+      provider: null,
+      reference: (e.source as string | null | undefined) ?? null,
+    });
+  }
+  return out;
+}
+
+/** Read and validate the override file at `path`. */
+export function readPriceOverrides(path: string): Map<string, ModelPrice> {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    const why = err instanceof Error ? err.message : String(err);
+    throw new PriceOverridesError(`prices.overrides: cannot read ${path}: ${why}`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    const why = err instanceof Error ? err.message : String(err);
+    throw new PriceOverridesError(`prices.overrides: ${path} is not valid JSON: ${why}`);
+  }
+  return parsePriceOverrides(raw, path);
+}

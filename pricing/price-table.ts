@@ -1,0 +1,121 @@
+// The price table (SPEC §7): the operator's override file wins, else the catalogue bundled with
+// @pydantic/genai-prices. Lookups are synchronous and offline: we only ever call `calcPrice` on the
+// bundled data, never `updatePrices`/`enableAutoUpdate`, so no price changes under a running
+// gateway and nothing is fetched at run time.
+
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { calcPrice, findProvider, type ModelPrice as CatalogueRates, type TieredPrices } from '@pydantic/genai-prices';
+import type { ModelPrice, PriceTier } from './model-price.js';
+import { readPriceOverrides } from './price-overrides.js';
+
+export interface LookupOptions {
+  /** The upstream's catalogue provider id when known (`openrouter`, `openai`…): tried first. */
+  providerId?: string;
+  /** Prices can change on a date or by time of day (DeepSeek's off-peak rates); default now. */
+  at?: Date;
+}
+
+/** `genai-prices@<version>`, read from the installed package so the source is never stale. */
+function catalogueSource(): string {
+  try {
+    const require = createRequire(import.meta.url);
+    // The package's `exports` hide package.json, so find it beside the resolved entry point.
+    const entry = require.resolve('@pydantic/genai-prices');
+    const pkg: unknown = JSON.parse(readFileSync(join(dirname(entry), '..', 'package.json'), 'utf8'));
+    const version = typeof pkg === 'object' && pkg !== null && 'version' in pkg ? pkg.version : null;
+    return `genai-prices@${typeof version === 'string' ? version : 'unknown'}`;
+  } catch {
+    return 'genai-prices@unknown';
+  }
+}
+
+type Rate = number | TieredPrices | undefined;
+
+function split(rate: Rate): { base: number; tiers: PriceTier[] } | null {
+  if (rate === undefined) return null;
+  if (typeof rate === 'number') return { base: rate, tiers: [] };
+  return { base: rate.base, tiers: rate.tiers.map((t) => ({ start: t.start, price: t.price })) };
+}
+
+/** Turn a catalogue entry into our shape; null when it has no text-token input price (audio, images). */
+function fromCatalogue(model: string, provider: string, rates: CatalogueRates, source: string): ModelPrice | null {
+  const input = split(rates.input_mtok);
+  if (!input) return null;
+  const cacheRead = split(rates.cache_read_mtok);
+  // No output price in the catalogue means the model bills no output (embedding models).
+  const output = split(rates.output_mtok) ?? { base: 0, tiers: [] };
+  const price: ModelPrice = {
+    model,
+    inputMtok: input.base,
+    cacheReadMtok: cacheRead ? cacheRead.base : null,
+    outputMtok: output.base,
+    source,
+    date: null,
+    provider,
+    reference: null,
+  };
+  if (input.tiers.length || (cacheRead?.tiers.length ?? 0) || output.tiers.length) {
+    price.tiers = { input: input.tiers, cacheRead: cacheRead?.tiers ?? [], output: output.tiers };
+  }
+  return price;
+}
+
+export class PriceTable {
+  private readonly overrides: ReadonlyMap<string, ModelPrice>;
+  readonly catalogueSource: string;
+
+  constructor(overrides: ReadonlyMap<string, ModelPrice> = new Map()) {
+    this.overrides = overrides;
+    this.catalogueSource = catalogueSource();
+  }
+
+  /** Catalogue plus, when given, the operator's override file (validated now; throws naming the field). */
+  static load(overridesPath?: string | null): PriceTable {
+    return new PriceTable(overridesPath ? readPriceOverrides(overridesPath) : new Map());
+  }
+
+  /**
+   * The list price of `model`, or null when neither the overrides nor the catalogue know it.
+   * A provider-prefixed name (`openai/gpt-4o`, OpenRouter style) resolves as well.
+   */
+  lookup(model: string, opts: LookupOptions = {}): ModelPrice | null {
+    const slash = model.indexOf('/');
+    const prefix = slash > 0 ? model.slice(0, slash) : null;
+    const bare = slash > 0 ? model.slice(slash + 1) : model;
+
+    const own = this.overrides.get(model) ?? (prefix ? this.overrides.get(bare) : undefined);
+    if (own) return own;
+
+    // Catalogue, most specific first: the upstream's provider; the prefix as a provider
+    // (`openai/gpt-4o` → openai's gpt-4o, which has a cache-read price); OpenRouter's own
+    // `vendor/model` ids (`meta-llama/…`); then genai-prices' name matching; then OpenAI's catalogue,
+    // whose name matching does not claim every OpenAI model (`text-embedding-3-small`).
+    const tries: Array<[string, string | undefined]> = [];
+    if (opts.providerId) tries.push([model, opts.providerId], [bare, opts.providerId]);
+    if (prefix && findProvider({ providerId: prefix })) tries.push([bare, prefix]);
+    if (prefix) tries.push([model, 'openrouter']);
+    tries.push([bare, undefined], [bare, 'openai']);
+    for (const [name, providerId] of tries) {
+      const found = this.catalogue(name, providerId, opts.at);
+      if (found) return found;
+    }
+    return null;
+  }
+
+  private catalogue(name: string, providerId: string | undefined, at: Date | undefined): ModelPrice | null {
+    let result: ReturnType<typeof calcPrice>;
+    try {
+      result = calcPrice({ input_tokens: 0, output_tokens: 0 }, name, {
+        ...(providerId ? { providerId } : {}),
+        ...(at ? { timestamp: at } : {}),
+      });
+    } catch {
+      // A malformed catalogue entry throws inside genai-prices; treat it as "no price", never $0.
+      return null;
+    }
+    if (!result) return null;
+    return fromCatalogue(result.model.id, result.provider.id, result.model_price, this.catalogueSource);
+  }
+}

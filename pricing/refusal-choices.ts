@@ -1,0 +1,102 @@
+// The money refusals (402, SPEC §6 and §11): message with exact figures, the figures as numbers, and
+// the three choices — raise the limit, use a cheaper model, or stop. The route puts these in the
+// OpenAI envelope (`details` sit beside message/type/param/code) with `x-should-retry: false`.
+
+import type { CheaperModel, LimitScope } from './cheaper-models.js';
+import { roundUsd } from './model-price.js';
+import { raiseTo, raiseToForConversation, raiseToForMonthly } from './raise-to.js';
+import { formatUsdText } from './usd-format.js';
+
+export interface RefusalChoices {
+  raise_to_usd: number;
+  cheaper_models: CheaperModel[];
+  /** Nothing happens by itself: the request stays unanswered until someone chooses. */
+  stop: true;
+}
+
+export type MoneyRefusalCode = 'conversation_cap_reached' | 'monthly_budget_reached' | 'model_not_priced';
+
+export interface MoneyRefusal {
+  status: 402;
+  code: MoneyRefusalCode;
+  message: string;
+  /** The request field the error is about (OpenAI envelope `param`), or null. */
+  param: string | null;
+  details: Record<string, unknown>;
+}
+
+export interface MoneyRefusalInput {
+  scope: LimitScope;
+  spentUsd: number;
+  limitUsd: number;
+  neededUsd: number;
+  cheaperModels: CheaperModel[];
+}
+
+/**
+ * `raise_to_usd`: twice a cap or half again a month's budget on the ladder — and never less than
+ * what would admit this very request, so the raise offered is a raise that works (ADR 0006).
+ */
+export function raiseToFor(scope: LimitScope, limitUsd: number, spentUsd: number, neededUsd: number): number {
+  const usual = scope === 'monthly' ? raiseToForMonthly(limitUsd) : raiseToForConversation(limitUsd);
+  return Math.max(usual, raiseTo(spentUsd + neededUsd));
+}
+
+export function refusalChoices(input: MoneyRefusalInput): RefusalChoices {
+  return {
+    raise_to_usd: raiseToFor(input.scope, input.limitUsd, input.spentUsd, input.neededUsd),
+    cheaper_models: input.cheaperModels,
+    stop: true,
+  };
+}
+
+const LIMIT_NAME: Record<LimitScope, { reached: string; whole: string }> = {
+  conversation: { reached: 'conversation cap reached', whole: 'the whole conversation cap' },
+  parent: { reached: 'parent conversation cap reached', whole: "the whole parent conversation's cap" },
+  monthly: { reached: 'monthly budget reached', whole: 'the whole monthly budget' },
+};
+
+/** The sentence a person reads: which limit, what was spent of it, what this request needs. */
+export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number): string {
+  const name = LIMIT_NAME[scope];
+  const needs = formatUsdText(neededUsd);
+  // A request larger than the whole limit could never pass, however little was spent: say so.
+  if (neededUsd > limitUsd) {
+    return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${formatUsdText(limitUsd)}`;
+  }
+  const month = scope === 'monthly' ? ' this month' : '';
+  return `${name.reached}: spent ${formatUsdText(spentUsd)} of ${formatUsdText(limitUsd)}${month}, this request needs up to ${needs}`;
+}
+
+/** `conversation_cap_reached` (own or parent's cap) or `monthly_budget_reached`, 402. */
+export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
+  const { scope, spentUsd, limitUsd, neededUsd } = input;
+  return {
+    status: 402,
+    code: scope === 'monthly' ? 'monthly_budget_reached' : 'conversation_cap_reached',
+    message: moneyRefusalMessage(scope, spentUsd, limitUsd, neededUsd),
+    param: null,
+    details: {
+      scope,
+      spent_usd: roundUsd(spentUsd),
+      limit_usd: roundUsd(limitUsd),
+      needed_usd: roundUsd(neededUsd),
+      choices: refusalChoices(input),
+    },
+  };
+}
+
+/**
+ * `model_not_priced` (402): a metered model without a price while a money limit applies. Counting
+ * it as $0 would let it spend past every limit unseen, so it is refused unless the operator
+ * chose `"unpriced": "allow"` (SPEC §7).
+ */
+export function modelNotPriced(model: string): MoneyRefusal {
+  return {
+    status: 402,
+    code: 'model_not_priced',
+    message: `no price for model "${model}": add it to the price overrides file (prices.overrides) or set prices.unpriced to "allow"`,
+    param: 'model',
+    details: { model },
+  };
+}

@@ -1,0 +1,58 @@
+import t from 'tap';
+import type { ModelPrice } from '../../pricing/model-price.js';
+import { budgetNearCrossed, pricierNotice, estimateLikeLastUsd } from '../../pricing/notices.js';
+import { formatUsdHeader, formatUsdText } from '../../pricing/usd-format.js';
+
+const opus: ModelPrice = { model: 'opus', inputMtok: 15, cacheReadMtok: 1.5, outputMtok: 75, source: 'override:t', date: '2026-01-01' };
+
+t.test('budget-near: only the response that crosses 80 %', async (t) => {
+  t.ok(budgetNearCrossed(39.99, 40, 50), 'reaching exactly 80 % crosses');
+  t.ok(budgetNearCrossed(10, 45, 50), 'jumping past crosses');
+  t.notOk(budgetNearCrossed(39, 39.99, 50), 'still under');
+  t.notOk(budgetNearCrossed(40, 41, 50), 'already past before: said by an earlier response');
+  t.notOk(budgetNearCrossed(0, 100, null), 'no budget, no notice');
+  t.notOk(budgetNearCrossed(0, 100, 0), 'a zero budget has no 80 % line worth saying');
+});
+
+t.test('pricier: estimate a reply like the last, uncached, at list price', async (t) => {
+  // 40,000 prompt × $15 + 1,200 output × $75, per million = 0.6 + 0.09.
+  t.equal(estimateLikeLastUsd(opus, 40_000, 1_200), 0.69);
+  t.equal(
+    pricierNotice({ lastCostUsd: 0.21, lastPromptTokens: 40_000, lastOutputTokens: 1_200, newPrice: opus, newBilling: 'metered' }),
+    'pricier; estimate_usd=0.69; last_usd=0.21',
+  );
+});
+
+t.test('pricier: thresholds $0.25 and 2×', async (t) => {
+  const base = { lastPromptTokens: 40_000, lastOutputTokens: 1_200, newPrice: opus, newBilling: 'metered' as const };
+  t.equal(pricierNotice({ ...base, lastCostUsd: 0.345 }) !== null, true, 'exactly 2× the last: said');
+  t.equal(pricierNotice({ ...base, lastCostUsd: 0.35 }), null, 'under 2×: quiet');
+  // A short chat: 10,000 × $15 + 1,000 × $75 = $0.225 < $0.25, though 20× the last.
+  t.equal(pricierNotice({ ...base, lastPromptTokens: 10_000, lastOutputTokens: 1_000, lastCostUsd: 0.01 }), null);
+  // 10,000 × $15 + 1,400 × $75 = $0.255 ≥ $0.25.
+  t.equal(
+    pricierNotice({ ...base, lastPromptTokens: 10_000, lastOutputTokens: 1_400, lastCostUsd: 0.01 }),
+    'pricier; estimate_usd=0.26; last_usd=0.01',
+  );
+  t.equal(pricierNotice({ ...base, lastCostUsd: 0 }), 'pricier; estimate_usd=0.69; last_usd=0', 'from a free model');
+});
+
+t.test('pricier: never for local or plan targets, unpriced ones, or an unknown last cost', async (t) => {
+  const base = { lastCostUsd: 0.01, lastPromptTokens: 100_000, lastOutputTokens: 4_000, newPrice: opus };
+  t.equal(pricierNotice({ ...base, newBilling: 'local' }), null);
+  t.equal(pricierNotice({ ...base, newBilling: 'plan' }), null);
+  t.equal(pricierNotice({ ...base, newBilling: 'metered', newPrice: null }), null);
+  t.equal(pricierNotice({ ...base, newBilling: 'metered', lastCostUsd: null }), null);
+});
+
+t.test('x-tollgate-cost-usd formatting', async (t) => {
+  t.equal(formatUsdHeader(0), '0', 'free is 0');
+  t.equal(formatUsdHeader(null), null, 'unknown: header absent');
+  t.equal(formatUsdHeader(0.022), '0.022');
+  t.equal(formatUsdHeader(11.875), '11.875');
+  t.equal(formatUsdHeader(2), '2');
+  t.equal(formatUsdHeader(0.000000123456), '0.00000012', 'no exponent');
+  t.equal(formatUsdHeader(0.1 + 0.2), '0.3', 'float dust trimmed');
+  t.equal(formatUsdHeader(2e-10), '0.0000000002', 'non-zero never shown as free');
+  t.equal(formatUsdText(2), '$2.00');
+});

@@ -1,0 +1,100 @@
+import t from 'tap';
+import { join } from 'node:path';
+import { PriceTable } from '../../pricing/price-table.js';
+import { parsePriceOverrides, PriceOverridesError } from '../../pricing/price-overrides.js';
+import { ratesAt } from '../../pricing/model-price.js';
+
+t.test('catalogue: a known OpenAI model has per-Mtok prices, provider and versioned source', async (t) => {
+  const table = PriceTable.load();
+  const p = table.lookup('gpt-4o');
+  t.ok(p);
+  t.equal(p!.inputMtok, 2.5);
+  t.equal(p!.cacheReadMtok, 1.25);
+  t.equal(p!.outputMtok, 10);
+  t.equal(p!.provider, 'openai');
+  t.match(p!.source, /^genai-prices@\d+\.\d+\.\d+/);
+  t.equal(p!.date, null, 'the bundled data carries no date: null, not an invented one');
+});
+
+t.test('catalogue: dated snapshot names resolve to their model', async (t) => {
+  const p = PriceTable.load().lookup('gpt-4o-2024-08-06');
+  t.equal(p?.model, 'gpt-4o');
+});
+
+t.test('provider-prefixed names resolve', async (t) => {
+  const table = PriceTable.load();
+  // 1. The prefix is a catalogue provider: its own entry (with a cache-read price) wins.
+  const viaOpenai = table.lookup('openai/gpt-4o');
+  t.equal(viaOpenai?.provider, 'openai');
+  t.equal(viaOpenai?.inputMtok, 2.5);
+  t.equal(viaOpenai?.cacheReadMtok, 1.25);
+  // 2. The prefix is no provider (an OpenRouter vendor name): OpenRouter's vendor/model id.
+  const llama = table.lookup('meta-llama/llama-3.1-8b-instruct');
+  t.equal(llama?.provider, 'openrouter');
+  t.ok(llama!.inputMtok > 0);
+  // 3. An explicit provider hint is honoured.
+  const hinted = table.lookup('openai/gpt-4o', { providerId: 'openrouter' });
+  t.equal(hinted?.provider, 'openrouter');
+});
+
+t.test('embedding models: input price only, output priced 0', async (t) => {
+  const p = PriceTable.load().lookup('text-embedding-3-small');
+  t.equal(p?.inputMtok, 0.02);
+  t.equal(p?.outputMtok, 0);
+});
+
+t.test('unknown models are null, never $0', async (t) => {
+  const table = PriceTable.load();
+  t.equal(table.lookup('my-local-llama-7b'), null);
+  t.equal(table.lookup('nobody/no-such-model-xyz'), null);
+});
+
+t.test('long-context tiers are kept and applied by input size', async (t) => {
+  const p = PriceTable.load().lookup('gemini-2.5-pro');
+  t.ok(p?.tiers?.input?.length, 'tiers carried over from the catalogue');
+  t.equal(ratesAt(p!, 1000).input, p!.inputMtok);
+  t.ok(ratesAt(p!, 300_000).input > p!.inputMtok, 'a 300k prompt pays the higher tier');
+});
+
+t.test('override file wins over the catalogue and names its source and date', async (t) => {
+  const dir = t.testdir({
+    'prices.json': JSON.stringify({
+      models: {
+        'gpt-4o': { input_mtok: 3, cache_read_mtok: 1, output_mtok: 12, source: 'contract 2026', date: '2026-01-15' },
+        'house-model': { input_mtok: 0.5, output_mtok: 1.5, date: '2026-02-01' },
+      },
+    }),
+  });
+  const file = join(dir, 'prices.json');
+  const table = PriceTable.load(file);
+  const p = table.lookup('gpt-4o');
+  t.equal(p?.inputMtok, 3);
+  t.equal(p?.source, `override:${file}`);
+  t.equal(p?.date, '2026-01-15');
+  t.equal(p?.reference, 'contract 2026');
+  t.equal(table.lookup('openai/gpt-4o')?.inputMtok, 3, 'a prefixed name finds the bare override');
+  const house = table.lookup('house-model');
+  t.equal(house?.cacheReadMtok, null, 'no cache-read price: cached input billed as input');
+  t.equal(table.lookup('gpt-4o-mini')?.source.startsWith('genai-prices@'), true, 'others still from the catalogue');
+});
+
+t.test('override validation names the field', async (t) => {
+  const bad = (raw: unknown, re: RegExp) => t.throws(() => parsePriceOverrides(raw, 'p.json'), re);
+  bad({ models: { x: { input_mtok: -1, output_mtok: 1, date: '2026-01-01' } } }, /^prices\.models\["x"\]\.input_mtok: must be a non-negative number/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: '2', date: '2026-01-01' } } }, /prices\.models\["x"\]\.output_mtok: must be a non-negative number/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, cache_read_mtok: NaN, date: '2026-01-01' } } }, /prices\.models\["x"\]\.cache_read_mtok/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2 } } }, /prices\.models\["x"\]\.date: must be a date/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: 'yesterday' } } }, /\.date/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', input_mtoks: 1 } } }, /prices\.models\["x"\]\.input_mtoks: unknown field/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', source: 7 } } }, /\.source: must be a string/);
+  bad({ models: [] }, /^prices\.models: must be an object/);
+  bad({ model: {} }, /^prices\.model: unknown field/);
+  bad([], /^prices: must be an object/);
+  t.throws(() => parsePriceOverrides([], 'p.json'), PriceOverridesError);
+});
+
+t.test('override file: unreadable or invalid JSON are named errors', async (t) => {
+  const dir = t.testdir({ 'broken.json': '{ not json' });
+  t.throws(() => PriceTable.load(join(dir, 'broken.json')), /prices\.overrides: .*broken\.json is not valid JSON/);
+  t.throws(() => PriceTable.load(join(dir, 'missing.json')), /prices\.overrides: cannot read/);
+});

@@ -1,0 +1,57 @@
+import t from 'tap';
+import { moneyRefusal, modelNotPriced, refusalChoices, raiseToFor } from '../../pricing/refusal-choices.js';
+import type { CheaperModel } from '../../pricing/cheaper-models.js';
+
+const cheaper: CheaperModel[] = [{ model: 'llama', billing: 'local', upstream: 'home', tools: true }];
+
+t.test('conversation_cap_reached: exact figures, numbers in details, three choices', async (t) => {
+  const r = moneyRefusal({ scope: 'conversation', spentUsd: 1.84, limitUsd: 2, neededUsd: 0.31, cheaperModels: cheaper });
+  t.equal(r.status, 402);
+  t.equal(r.code, 'conversation_cap_reached');
+  t.equal(r.message, 'conversation cap reached: spent $1.84 of $2.00, this request needs up to $0.31');
+  t.same(r.details, {
+    scope: 'conversation',
+    spent_usd: 1.84,
+    limit_usd: 2,
+    needed_usd: 0.31,
+    choices: { raise_to_usd: 4, cheaper_models: cheaper, stop: true },
+  });
+});
+
+t.test("a parent's cap answers with the same code and says whose cap", async (t) => {
+  const r = moneyRefusal({ scope: 'parent', spentUsd: 4.9, limitUsd: 5, neededUsd: 0.2, cheaperModels: [] });
+  t.equal(r.code, 'conversation_cap_reached');
+  t.equal(r.message, 'parent conversation cap reached: spent $4.90 of $5.00, this request needs up to $0.20');
+  t.equal((r.details.choices as { raise_to_usd: number }).raise_to_usd, 10);
+});
+
+t.test('monthly_budget_reached: half again, on the ladder', async (t) => {
+  const r = moneyRefusal({ scope: 'monthly', spentUsd: 29.5, limitUsd: 30, neededUsd: 1.2, cheaperModels: [] });
+  t.equal(r.code, 'monthly_budget_reached');
+  t.equal(r.message, 'monthly budget reached: spent $29.50 of $30.00 this month, this request needs up to $1.20');
+  t.same(r.details.choices, { raise_to_usd: 45, cheaper_models: [], stop: true });
+});
+
+t.test('a request larger than the whole limit says so, and the raise offered admits it', async (t) => {
+  const r = moneyRefusal({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] });
+  t.equal(r.message, 'conversation cap reached: this request needs up to $5.20, more than the whole conversation cap of $2.00');
+  // 2 × $2 = $4 would not admit $0.10 + $5.20: raise to the rung above $5.30 instead.
+  t.equal(raiseToFor('conversation', 2, 0.1, 5.2), 5.5);
+  t.equal(refusalChoices({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] }).raise_to_usd, 5.5);
+  const m = moneyRefusal({ scope: 'monthly', spentUsd: 0, limitUsd: 50, neededUsd: 80, cheaperModels: [] });
+  t.equal(m.message, 'monthly budget reached: this request needs up to $80.00, more than the whole monthly budget of $50.00');
+});
+
+t.test('sub-cent figures are not shown as $0.00', async (t) => {
+  const r = moneyRefusal({ scope: 'conversation', spentUsd: 0.0995, limitUsd: 0.1, neededUsd: 0.0031, cheaperModels: [] });
+  t.match(r.message, /needs up to \$0\.0031$/);
+});
+
+t.test('model_not_priced names the model and the way out', async (t) => {
+  const r = modelNotPriced('acme-9');
+  t.equal(r.status, 402);
+  t.equal(r.code, 'model_not_priced');
+  t.equal(r.param, 'model');
+  t.equal(r.message, 'no price for model "acme-9": add it to the price overrides file (prices.overrides) or set prices.unpriced to "allow"');
+  t.same(r.details, { model: 'acme-9' });
+});
