@@ -114,6 +114,8 @@ export interface ConversationSpend {
   savedUsd: number;
   planTurns: number;
   tasksUsd: number;
+  /** Worst-case USD reserved by this conversation's requests still in flight. */
+  reservedUsd: number;
   turns: number;
   capUsd: number | null;
   byModel: Record<string, { turns: number; spentUsd: number }>;

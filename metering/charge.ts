@@ -1,0 +1,63 @@
+// The charge of SPEC §4 (seed 000): a request pays for the prompt past what it shares with the
+// conversation's previous request, plus its whole output allowance up front; the unused allowance
+// is refunded when it ends.
+
+import type { ConversationHead } from './ledger.js';
+
+/** Tokens of a rendered prefix that stay charged: the header the next turn adds to it. */
+export const HEADER_TOKENS_KEPT = 16;
+
+export interface SharedPrefixInput {
+  head: Pick<ConversationHead, 'model' | 'toolHash' | 'chain' | 'prefix' | 'time'> | null;
+  /** This request's prefix-chain hashes (chain[i] covers messages[0..i]). */
+  chain: string[];
+  /** This request's prefix token counts (prefix[k] = leading k messages), or null (no messages). */
+  prefix: number[] | null;
+  model: string;
+  toolHash: string;
+  now: number;
+  upstream: { prefixCache: boolean; prefixCacheTtlSeconds: number };
+}
+
+/** How many leading messages two prefix chains have in common. */
+export function sharedMessageCount(previous: string[], current: string[]): number {
+  const max = Math.min(previous.length, current.length);
+  // The usual case: the previous message list is a prefix of this one.
+  if (max > 0 && previous[max - 1] === current[max - 1]) return max;
+  let lo = 0;
+  let hi = max - 1; // chains are prefix hashes: once they differ they differ for good
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (previous[mid - 1] === current[mid - 1]) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/**
+ * Tokens of the rendered leading messages this request shares with the previous one. Nothing is
+ * shared across a model or tool-offer change, when the upstream keeps no prompt cache, or when the
+ * previous request is older than the upstream's cache lifetime.
+ */
+export function sharedPrefixTokens(i: SharedPrefixInput): number {
+  const { head, prefix } = i;
+  if (!head || !prefix || !i.upstream.prefixCache) return 0;
+  if (i.now - head.time > i.upstream.prefixCacheTtlSeconds * 1000) return 0;
+  if (head.model !== i.model || head.toolHash !== i.toolHash) return 0;
+  const k = sharedMessageCount(head.chain, i.chain);
+  if (k === 0) return 0;
+  // Same messages, same tokenizer: the counts agree; take the smaller to stay conservative.
+  return Math.min(prefix[k] ?? 0, head.prefix[k] ?? Number.MAX_SAFE_INTEGER);
+}
+
+/** prompt − max(0, shared − 16), never negative. */
+export function promptChargeFor(promptTokens: number, sharedTokens: number): number {
+  const credited = Math.max(0, sharedTokens - HEADER_TOKENS_KEPT);
+  return Math.max(0, promptTokens - credited);
+}
+
+/** Settlement: charge = prompt charge + generated; refund = allowance − generated (≥ 0). */
+export function settleTokens(promptCharge: number, allowance: number, generated: number) {
+  const used = Math.min(Math.max(0, generated), allowance);
+  return { generated: used, chargeTokens: promptCharge + used, refundTokens: allowance - used };
+}

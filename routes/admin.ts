@@ -1,0 +1,131 @@
+// The operator API (SPEC §11): tenants, keys, budgets, conversation caps, spend and the ledger
+// export. Every route needs TOLLGATE_ADMIN_TOKEN; a client key gets 403, no token 401. Only here can
+// a limit be raised.
+
+import { randomBytes, randomUUID } from 'node:crypto';
+import type { FastifyPluginAsync } from 'fastify';
+import { requireAdmin } from '../server/auth-hooks.js';
+import { hashKey } from '../server/auth.js';
+import { GatewayError } from '../server/errors.js';
+import { monthOf } from '../server/pipeline/plan.js';
+import { spendView } from './spend.js';
+
+type Body = Record<string, unknown>;
+
+function body(value: unknown): Body {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new GatewayError('invalid_request', 'request body must be a JSON object');
+  }
+  return value as Body;
+}
+
+function usdOrNull(b: Body, field: string, required: boolean): number | null | undefined {
+  const v = b[field];
+  if (v === undefined && !required) return undefined;
+  if (v === null) return null;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) {
+    throw new GatewayError('invalid_request', `${field}: must be a non-negative number or null`, {}, field);
+  }
+  return v;
+}
+
+function id(b: Body, field: string): string {
+  const v = b[field];
+  if (typeof v !== 'string' || !/^[A-Za-z0-9._:@-]{1,128}$/.test(v)) {
+    throw new GatewayError('invalid_request', `${field}: must be 1–128 letters, digits or ._:@-`, {}, field);
+  }
+  return v;
+}
+
+function timeParam(v: string | undefined, name: string): number | null {
+  if (v === undefined || v === '') return null;
+  const ms = /^\d+$/.test(v) ? Number(v) : Date.parse(v);
+  if (!Number.isFinite(ms)) throw new GatewayError('invalid_request', `${name}: must be an ISO time or epoch milliseconds`, {}, name);
+  return ms;
+}
+
+const route: FastifyPluginAsync = async (app) => {
+  app.addHook('preHandler', async (request, reply) => {
+    if (request.url.startsWith('/admin')) await requireAdmin(request, reply);
+  });
+  const ledger = () => app.gateway.ledger;
+
+  app.post('/admin/tenants', async (request, reply) => {
+    const b = body(request.body);
+    const tenant = id(b, 'id');
+    const budget = usdOrNull(b, 'monthly_budget_usd', false) ?? null;
+    await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: budget });
+    reply.code(201);
+    return { id: tenant, monthly_budget_usd: budget };
+  });
+
+  app.put<{ Params: { id: string } }>('/admin/tenants/:id/budget', async (request) => {
+    const b = body(request.body);
+    const budget = usdOrNull(b, 'monthly_budget_usd', true) ?? null;
+    if (!(await ledger().setTenantBudget(request.params.id, budget))) {
+      throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
+    }
+    return { id: request.params.id, monthly_budget_usd: budget };
+  });
+
+  app.post('/admin/keys', async (request, reply) => {
+    const b = body(request.body);
+    const tenant = id(b, 'tenant');
+    const name = b.name === undefined || b.name === null ? null : String(b.name).slice(0, 200);
+    if (!(await ledger().getTenant(tenant))) await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: null });
+    const key = `tg-${randomBytes(24).toString('base64url')}`;
+    const keyId = `key-${randomUUID()}`;
+    await ledger().createKey({ id: keyId, tenant, name, hash: hashKey(key) });
+    reply.code(201);
+    // The key is shown this once; only its hash is kept.
+    return { id: keyId, key, tenant, name };
+  });
+
+  app.delete<{ Params: { id: string } }>('/admin/keys/:id', async (request) => {
+    if (!(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
+    return { id: request.params.id, deleted: true };
+  });
+
+  app.put<{ Params: { id: string } }>('/admin/conversations/:id/cap', async (request) => {
+    const b = body(request.body);
+    const cap = usdOrNull(b, 'cap_usd', true) ?? null;
+    await ledger().setConversationCap(request.params.id, null, cap);
+    return { conversation: request.params.id, cap_usd: cap };
+  });
+
+  app.get<{ Params: { id: string } }>('/admin/conversations/:id/spend', async (request) => {
+    const s = await ledger().conversationSpend(request.params.id);
+    if (!s) throw new GatewayError('not_found', `no conversation "${request.params.id}"`);
+    return { ...spendView(s), tenant: s.tenant || null, parent: s.parent };
+  });
+
+  app.get<{ Params: { id: string }; Querystring: { month?: string } }>('/admin/tenants/:id/spend', async (request) => {
+    const tenant = await ledger().getTenant(request.params.id);
+    if (!tenant) throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
+    const month = request.query.month ?? monthOf(app.gateway.clock());
+    if (!/^\d{4}-\d{2}$/.test(month)) throw new GatewayError('invalid_request', 'month: must be YYYY-MM', {}, 'month');
+    const m = await ledger().tenantMonth(tenant.id, month);
+    return {
+      tenant: tenant.id,
+      month,
+      spent_usd: m.spentUsd,
+      reserved_usd: m.reservedUsd,
+      monthly_budget_usd: tenant.monthlyBudgetUsd,
+      remaining_usd: tenant.monthlyBudgetUsd === null ? null : Math.max(0, tenant.monthlyBudgetUsd - m.spentUsd - m.reservedUsd),
+    };
+  });
+
+  app.get<{ Querystring: { since?: string; until?: string } }>('/admin/ledger', async (request, reply) => {
+    const since = timeParam(request.query.since, 'since');
+    const until = timeParam(request.query.until, 'until');
+    reply.hijack();
+    const raw = reply.raw;
+    raw.writeHead(200, { 'content-type': 'application/x-ndjson; charset=utf-8' });
+    for await (const row of ledger().exportRows(since, until)) {
+      if (!raw.write(`${JSON.stringify(row)}\n`)) await new Promise((r) => raw.once('drain', r));
+    }
+    raw.end();
+  });
+};
+
+export default route;

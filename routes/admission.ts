@@ -1,0 +1,82 @@
+// POST /v1/admission — the plan a request would get, without running a model or changing any
+// budget (SPEC §8, §11). It runs the same planning code as the real request, so its verdict carries
+// exactly the envelope the real request would get.
+
+import type { FastifyPluginAsync } from 'fastify';
+import { requireClient } from '../server/auth-hooks.js';
+import { GatewayError } from '../server/errors.js';
+import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
+import { plan as planRequest } from '../server/pipeline/plan.js';
+import { precheck, reservationOf, tokenBudgetError, moneyError } from '../server/pipeline/admit.js';
+import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
+import { checkAdmission } from '../metering/stores/admission-check.js';
+
+const route: FastifyPluginAsync = async (app) => {
+  app.post('/v1/admission', { preHandler: requireClient }, async (request) => {
+    const gw = app.gateway;
+    const call = request.body as Record<string, unknown> | null;
+    if (typeof call !== 'object' || call === null || Array.isArray(call)) {
+      throw new GatewayError('invalid_request', 'admission body must be {"endpoint": "/v1/chat/completions", "request": {…}}');
+    }
+    const kind = endpointForPath(call.endpoint);
+    if (!kind) {
+      throw new GatewayError('invalid_request', 'endpoint: must be one of /v1/chat/completions, /v1/completions, /v1/embeddings', {}, 'endpoint');
+    }
+    if (call.request === undefined) throw new GatewayError('invalid_request', 'request: is required', {}, 'request');
+
+    const verdictOf = (err: GatewayError | null) =>
+      err ? { admit: false, status: err.status, error: err.toEnvelope() } : { admit: true, status: 200, error: null };
+
+    let plan;
+    try {
+      const valid = validateRequest(kind, call.request);
+      plan = await planRequest(gw, valid, request.principal!, request.headers);
+    } catch (err) {
+      if (!(err instanceof GatewayError)) throw err;
+      // The request would be refused before planning finished: report what is known.
+      return { endpoint: call.endpoint, verdict: verdictOf(err) };
+    }
+
+    const budgets = await budgetsOf(gw, plan);
+    let refusal = await precheck(gw, plan);
+    if (!refusal) {
+      const r = checkAdmission(reservationOf(plan), budgets.state);
+      if (!r.ok) refusal = r.scope === 'run' ? tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan) : moneyError(gw, plan, r);
+    }
+    const rows = plan.rows;
+    return {
+      endpoint: call.endpoint,
+      model: plan.model,
+      upstream: plan.upstream.name,
+      rows: rows.rows,
+      row_tokens: rows.rowTokens,
+      longest_row: rows.longestRow,
+      longest_row_index: rows.longestRowIndex,
+      sum_tokens: rows.sumTokens,
+      count_method: rows.countMethod,
+      count_is_upper_bound: rows.upperBound,
+      context_window: plan.contextWindow,
+      limits: { ...gw.config.limits },
+      conversation: plan.conversation,
+      conversation_source: plan.conversationSource,
+      shared_prefix_tokens: plan.sharedPrefixTokens,
+      charge: { prompt: plan.promptCharge, allowance: plan.allowance },
+      cost_usd: { worst_case: plan.worstCaseUsd },
+      budgets: budgets.view,
+      run: plan.runInspection
+        ? {
+            tool_rounds: plan.runInspection.toolRounds,
+            identical_batches: plan.runInspection.identicalStreak,
+            started_at: plan.runState ? new Date(plan.runState.startedAt).toISOString() : null,
+            bounds: plan.bounds,
+          }
+        : null,
+      mode: plan.mode,
+      final_reason: plan.finalReason,
+      max_affordable_allowance: maxAffordableAllowance(plan, budgets.state),
+      verdict: verdictOf(refusal),
+    };
+  });
+};
+
+export default route;

@@ -1,0 +1,34 @@
+// GET /v1/conversations/{id}/spend — what a conversation spent, by what (SPEC §11). Only the tenant
+// that owns the conversation sees it; to anyone else it does not exist (404).
+
+import type { FastifyPluginAsync } from 'fastify';
+import { requireClient } from '../server/auth-hooks.js';
+import { GatewayError } from '../server/errors.js';
+import type { ConversationSpend } from '../metering/ledger.js';
+
+export function spendView(s: ConversationSpend) {
+  const byModel: Record<string, { turns: number; spent_usd: number }> = {};
+  for (const [model, v] of Object.entries(s.byModel)) byModel[model] = { turns: v.turns, spent_usd: v.spentUsd };
+  return {
+    conversation: s.conversation,
+    spent_usd: s.spentUsd,
+    saved_usd: s.savedUsd,
+    plan_turns: s.planTurns,
+    tasks_usd: s.tasksUsd,
+    turns: s.turns,
+    cap_usd: s.capUsd,
+    by_model: byModel,
+  };
+}
+
+const route: FastifyPluginAsync = async (app) => {
+  app.get<{ Params: { id: string } }>('/v1/conversations/:id/spend', { preHandler: requireClient }, async (request) => {
+    const spend = await app.gateway.ledger.conversationSpend(request.params.id);
+    if (!spend || spend.tenant !== request.principal!.tenant) {
+      throw new GatewayError('not_found', `no conversation "${request.params.id}" for this key`);
+    }
+    return spendView(spend);
+  });
+};
+
+export default route;

@@ -1,0 +1,111 @@
+// The app factory (STYLE §1): builds the Fastify instance from config and injectable services
+// (store, clock, metrics registry, upstream dispatchers). It never listens; server/main.ts does.
+
+import Fastify, { LogController, type FastifyInstance, type FastifyServerOptions } from 'fastify';
+import type { Dispatcher } from 'undici';
+import { Registry } from 'prom-client';
+import type { Config, UpstreamConfig } from './config.js';
+import type { Ledger } from '../metering/ledger.js';
+import { openStore } from '../metering/stores/open-store.js';
+import { initMetrics } from './metrics.js';
+import { UpstreamRegistry } from './upstreams.js';
+import { Authenticator } from './auth.js';
+import { gatewayCounters } from './counters.js';
+import { PriceTable } from '../pricing/price-table.js';
+import { registerJsonBodyParser } from './body.js';
+import { registerErrorHandling } from './error-handler.js';
+import type { Clock, Gateway } from './gateway.js';
+import chatRoute from '../routes/chat-completions.js';
+import completionsRoute from '../routes/completions.js';
+import embeddingsRoute from '../routes/embeddings.js';
+import modelsRoute from '../routes/models.js';
+import healthRoutes from '../routes/health.js';
+import metricsRoute from '../routes/metrics.js';
+import admissionRoute from '../routes/admission.js';
+import spendRoute from '../routes/spend.js';
+import adminRoutes from '../routes/admin.js';
+
+export interface AppOptions {
+  config: Config;
+  ledger?: Ledger;
+  clock?: Clock;
+  registry?: Registry;
+  env?: NodeJS.ProcessEnv;
+  dispatcherFor?: (u: UpstreamConfig) => Dispatcher;
+  logger?: FastifyServerOptions['logger'];
+  /** How old an open reservation must be to count as left by a crash (default 10 minutes). */
+  staleReservationMs?: number;
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    gateway: Gateway;
+  }
+}
+
+export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
+  const { config } = opts;
+  const env = opts.env ?? process.env;
+  const clock = opts.clock ?? Date.now;
+  const app = Fastify({
+    logger: opts.logger ?? {
+      level: config.logging.level,
+      // Keys and the admin token never reach a log line (SPEC §10).
+      redact: ['req.headers.authorization', 'headers.authorization', 'authorization'],
+    },
+    // Bodies are bounded by our own parser, which counts bytes exactly (server/body.ts).
+    bodyLimit: Number.MAX_SAFE_INTEGER,
+    // One structured line per request comes from the pipeline itself (SPEC §10).
+    logController: new LogController({ disableRequestLogging: true }),
+    requestIdHeader: false,
+    genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
+  });
+
+  const ledger = opts.ledger ?? (await openStore(config.store));
+  // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
+  const recovered = await ledger.recoverStale(opts.staleReservationMs ?? 10 * 60_000, clock());
+  if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
+  for (const key of config.auth.keys) {
+    const existing = await ledger.getTenant(key.tenant);
+    if (!existing || (existing.monthlyBudgetUsd === null && key.monthlyBudgetUsd !== null)) {
+      await ledger.upsertTenant({ id: key.tenant, monthlyBudgetUsd: key.monthlyBudgetUsd ?? existing?.monthlyBudgetUsd ?? null });
+    }
+  }
+  for (const t of config.tenants) {
+    if (!(await ledger.getTenant(t.id))) await ledger.upsertTenant({ id: t.id, monthlyBudgetUsd: t.monthlyBudgetUsd });
+  }
+
+  const upstreams = new UpstreamRegistry(config, env, opts.dispatcherFor);
+  const gateway: Gateway = {
+    config,
+    ledger,
+    metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
+    upstreams,
+    auth: new Authenticator(config, ledger),
+    counters: gatewayCounters(config, clock),
+    prices: PriceTable.load(config.prices.overrides),
+    clock,
+    log: app.log,
+    adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,
+  };
+  app.decorate('gateway', gateway);
+
+  registerJsonBodyParser(app, config.limits.maxBodyBytes);
+  registerErrorHandling(app);
+
+  await app.register(healthRoutes);
+  await app.register(metricsRoute);
+  await app.register(modelsRoute);
+  await app.register(chatRoute);
+  await app.register(completionsRoute);
+  await app.register(embeddingsRoute);
+  await app.register(admissionRoute);
+  await app.register(spendRoute);
+  await app.register(adminRoutes);
+
+  app.addHook('onClose', async () => {
+    await upstreams.close();
+    if (!opts.ledger) await ledger.close();
+  });
+  return app;
+}

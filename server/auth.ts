@@ -1,0 +1,67 @@
+// Client keys → tenants. Keys are kept only as SHA-256 hashes, in memory (config keys) and in the
+// ledger (keys made with the operator API). Looking a key up by its hash compares hashes, never the
+// secret itself, so timing tells an attacker nothing about a key (ADR 0002).
+
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { Config, KeyConfig, RunBoundsConfig } from './config.js';
+import type { Ledger } from '../metering/ledger.js';
+import { GatewayError } from './errors.js';
+
+export interface Principal {
+  tenant: string;
+  keyId: string | null;
+  /** Run-bound overrides from the key's configuration (tenant overrides are applied separately). */
+  runs: Partial<RunBoundsConfig>;
+}
+
+export function hashKey(key: string): string {
+  return createHash('sha256').update(key, 'utf8').digest('hex');
+}
+
+export function bearer(header: string | string[] | undefined): string | null {
+  const value = Array.isArray(header) ? header[0] : header;
+  if (!value) return null;
+  const m = /^Bearer\s+(.+)$/i.exec(value.trim());
+  return m ? m[1].trim() : null;
+}
+
+export class Authenticator {
+  private readonly configured = new Map<string, { key: KeyConfig; id: string }>();
+
+  constructor(
+    private readonly config: Config,
+    private readonly ledger: Ledger,
+  ) {
+    for (const key of config.auth.keys) {
+      const hash = hashKey(key.key);
+      // A stable, non-secret id for a configured key: a prefix of its hash.
+      this.configured.set(hash, { key, id: `cfg-${hash.slice(0, 12)}` });
+    }
+  }
+
+  /** With no configured keys the gateway is a loopback-only development setup (SPEC §8). */
+  get open(): boolean {
+    return this.config.auth.keys.length === 0;
+  }
+
+  async authenticate(authorization: string | string[] | undefined): Promise<Principal> {
+    const token = bearer(authorization);
+    if (token) {
+      const hash = hashKey(token);
+      const cfg = this.configured.get(hash);
+      if (cfg) return { tenant: cfg.key.tenant, keyId: cfg.id, runs: cfg.key.runs };
+      const stored = await this.ledger.findKeyByHash(hash);
+      if (stored) return { tenant: stored.tenant, keyId: stored.id, runs: {} };
+    }
+    if (this.open) return { tenant: 'local', keyId: null, runs: {} };
+    if (!token) throw new GatewayError('missing_api_key', 'missing API key: send "Authorization: Bearer tg-…"');
+    throw new GatewayError('invalid_api_key', 'invalid API key');
+  }
+}
+
+/** Constant-time comparison for the admin token. */
+export function sameSecret(a: string, b: string): boolean {
+  const ha = createHash('sha256').update(a).digest();
+  const hb = createHash('sha256').update(b).digest();
+  return timingSafeEqual(ha, hb);
+}

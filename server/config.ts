@@ -1,0 +1,242 @@
+// Configuration: one JSON file (TOLLGATE_CONFIG), validated once at start and frozen (SPEC §8).
+// A bad field is named in the error, e.g. `upstreams[1].baseUrl: must be a URL`.
+
+import { readFileSync } from 'node:fs';
+import { Reader, ConfigError } from './config-reader.js';
+
+export type UpstreamKind = 'openai' | 'llamacpp';
+export type Billing = 'local' | 'plan' | 'metered';
+
+export interface UpstreamConfig {
+  name: string;
+  kind: UpstreamKind;
+  baseUrl: string;
+  /** Name of the environment variable that holds the upstream's API key. */
+  apiKeyEnv: string | null;
+  /** Model names or glob patterns (`*`, `gpt-*`) this upstream serves. */
+  models: string[];
+  billing: Billing;
+  /** Overrides the window learnt from the server (llama.cpp `/props`). */
+  contextWindow: number | null;
+  /** False for a server that keeps no prompt cache: every request is then charged in full. */
+  prefixCache: boolean;
+  /** A previous request older than this shares nothing (providers drop cached prefixes). */
+  prefixCacheTtlSeconds: number;
+  /** Whether the upstream's models can take tools (ordering of cheaper-model choices). */
+  tools: boolean;
+  timeoutMs: number;
+  connections: number;
+}
+
+export interface RunBoundsConfig {
+  tokenBudget: number | null;
+  maxToolRounds: number | null;
+  timeBudgetSeconds: number | null;
+  patience: number | null;
+  answerReserveTokens: number;
+}
+
+export interface RunsConfig extends RunBoundsConfig {
+  writeTools: string[];
+}
+
+export interface KeyConfig {
+  key: string;
+  tenant: string;
+  monthlyBudgetUsd: number | null;
+  runs: Partial<RunBoundsConfig>;
+}
+
+export interface TenantConfig {
+  id: string;
+  monthlyBudgetUsd: number | null;
+  runs: Partial<RunBoundsConfig>;
+}
+
+export type StoreConfig =
+  | { kind: 'sqlite'; path: string; synchronous: 'NORMAL' | 'FULL' }
+  | { kind: 'postgres'; url: string };
+
+export interface Config {
+  store: StoreConfig;
+  upstreams: UpstreamConfig[];
+  limits: { maxRows: number; maxRowTokens: number; maxRequestTokens: number; maxBodyBytes: number };
+  defaults: { maxTokens: number };
+  runs: RunsConfig;
+  auth: { keys: KeyConfig[] };
+  tenants: TenantConfig[];
+  prices: { overrides: string | null; unpriced: 'refuse' | 'allow' };
+  metrics: { token: string | null };
+  logging: { level: string; prompts: boolean };
+  tokenCache: { maxBytes: number };
+}
+
+export const DEFAULT_LIMITS = Object.freeze({
+  maxRows: 1024,
+  maxRowTokens: 36_864,
+  maxRequestTokens: 1_048_576,
+  maxBodyBytes: 33_554_432,
+});
+
+export const DEFAULT_RUNS: RunsConfig = Object.freeze({
+  tokenBudget: 65_536,
+  maxToolRounds: 12,
+  timeBudgetSeconds: 300,
+  patience: 3,
+  answerReserveTokens: 1024,
+  writeTools: [],
+});
+
+function readRunBounds(r: Reader, partial: boolean): Partial<RunBoundsConfig> {
+  const out: Partial<RunBoundsConfig> = {};
+  const pick = <K extends keyof RunBoundsConfig>(k: K, v: RunBoundsConfig[K] | undefined) => {
+    if (v !== undefined) out[k] = v;
+  };
+  const d = partial ? undefined : DEFAULT_RUNS;
+  // null turns a bound off (SPEC §5: each bound can be turned off).
+  pick('tokenBudget', r.intOrNull('tokenBudget', d?.tokenBudget, 1, 1 << 30));
+  pick('maxToolRounds', r.intOrNull('maxToolRounds', d?.maxToolRounds, 1, 64));
+  pick('timeBudgetSeconds', r.intOrNull('timeBudgetSeconds', d?.timeBudgetSeconds, 1, 86_400));
+  pick('patience', r.intOrNull('patience', d?.patience, 1, 100));
+  const reserve = r.int('answerReserveTokens', d?.answerReserveTokens, 0, 1 << 20);
+  if (reserve !== undefined) out.answerReserveTokens = reserve;
+  return out;
+}
+
+function readUpstream(r: Reader, names: Set<string>): UpstreamConfig {
+  const kind = r.oneOf('kind', ['openai', 'llamacpp'] as const, undefined);
+  const name = r.str('name', undefined)!;
+  if (names.has(name)) r.fail('name', `duplicate upstream name "${name}"`);
+  names.add(name);
+  return {
+    name,
+    kind: kind!,
+    baseUrl: r.url('baseUrl', undefined)!,
+    apiKeyEnv: r.strOrNull('apiKeyEnv', null) ?? null,
+    models: r.strList('models', ['*'])!,
+    billing: r.oneOf('billing', ['local', 'plan', 'metered'] as const, kind === 'llamacpp' ? 'local' : 'metered')!,
+    contextWindow: r.intOrNull('contextWindow', null, 1, 1 << 26) ?? null,
+    prefixCache: r.bool('prefixCache', true)!,
+    prefixCacheTtlSeconds: r.int('prefixCacheTtlSeconds', 300, 0, 86_400 * 30)!,
+    tools: r.bool('tools', true)!,
+    timeoutMs: r.int('timeoutMs', 600_000, 1, 3_600_000)!,
+    connections: r.int('connections', 128, 1, 4096)!,
+  };
+}
+
+function readStore(r: Reader): StoreConfig {
+  const kind = r.oneOf('kind', ['sqlite', 'postgres'] as const, 'sqlite')!;
+  if (kind === 'postgres') {
+    const url = r.strOrNull('url', process.env.DATABASE_URL ?? null);
+    if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
+    return { kind, url: url! };
+  }
+  return {
+    kind,
+    path: r.str('path', 'tollgate.db')!,
+    synchronous: r.oneOf('synchronous', ['NORMAL', 'FULL'] as const, 'NORMAL')!,
+  };
+}
+
+/** The zero-config default (SPEC §8): SQLite on disk and one upstream taken from the environment. */
+function defaultUpstreams(env: NodeJS.ProcessEnv): unknown[] {
+  if (env.OPENAI_BASE_URL || env.OPENAI_API_KEY) {
+    return [
+      {
+        name: 'openai',
+        kind: 'openai',
+        baseUrl: env.OPENAI_BASE_URL ?? 'https://api.openai.com/v1',
+        apiKeyEnv: 'OPENAI_API_KEY',
+        models: ['*'],
+        billing: 'metered',
+      },
+    ];
+  }
+  return [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:8080', models: ['*'], billing: 'local' }];
+}
+
+export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env): Config {
+  const root = new Reader(raw ?? {}, '');
+  root.allowOnly(['store', 'upstreams', 'limits', 'defaults', 'runs', 'auth', 'tenants', 'prices', 'metrics', 'logging', 'tokenCache']);
+  const names = new Set<string>();
+  const upstreamsRaw = root.has('upstreams') ? undefined : defaultUpstreams(env);
+  const upstreams = root.list('upstreams', upstreamsRaw, (r) => readUpstream(r, names));
+  if (upstreams.length === 0) root.fail('upstreams', 'must list at least one upstream');
+
+  const limits = root.obj('limits');
+  const defaults = root.obj('defaults');
+  const runs = root.obj('runs');
+  const auth = root.obj('auth');
+  const prices = root.obj('prices');
+  const metrics = root.obj('metrics');
+  const logging = root.obj('logging');
+  const tokenCache = root.obj('tokenCache');
+
+  const config: Config = {
+    store: readStore(root.obj('store')),
+    upstreams,
+    limits: {
+      maxRows: limits.int('maxRows', DEFAULT_LIMITS.maxRows, 1, 1 << 20)!,
+      maxRowTokens: limits.int('maxRowTokens', DEFAULT_LIMITS.maxRowTokens, 1, 1 << 26)!,
+      maxRequestTokens: limits.int('maxRequestTokens', DEFAULT_LIMITS.maxRequestTokens, 1, 1 << 30)!,
+      maxBodyBytes: limits.int('maxBodyBytes', DEFAULT_LIMITS.maxBodyBytes, 1, 1 << 30)!,
+    },
+    defaults: { maxTokens: defaults.int('maxTokens', 4096, 1, 1 << 24)! },
+    runs: { ...(readRunBounds(runs, false) as RunBoundsConfig), writeTools: runs.strList('writeTools', [])! },
+    auth: {
+      keys: auth.list('keys', [], (k) => ({
+        key: k.str('key', undefined)!,
+        tenant: k.str('tenant', undefined)!,
+        monthlyBudgetUsd: k.numOrNull('monthlyBudgetUsd', null, 0) ?? null,
+        runs: readRunBounds(k.obj('runs'), true),
+      })),
+    },
+    tenants: root.list('tenants', [], (t) => ({
+      id: t.str('id', undefined)!,
+      monthlyBudgetUsd: t.numOrNull('monthlyBudgetUsd', null, 0) ?? null,
+      runs: readRunBounds(t.obj('runs'), true),
+    })),
+    prices: {
+      overrides: prices.strOrNull('overrides', null) ?? null,
+      unpriced: prices.oneOf('unpriced', ['refuse', 'allow'] as const, 'refuse')!,
+    },
+    metrics: { token: metrics.strOrNull('token', null) ?? null },
+    logging: {
+      level: logging.oneOf('level', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info')!,
+      prompts: logging.bool('prompts', false)!,
+    },
+    tokenCache: { maxBytes: tokenCache.int('maxBytes', 16 * 1024 * 1024, 0, 1 << 30)! },
+  };
+  for (const [i, k] of config.auth.keys.entries()) {
+    if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');
+  }
+  return deepFreeze(config);
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const path = env.TOLLGATE_CONFIG;
+  if (!path) return parseConfig({}, env);
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`TOLLGATE_CONFIG: cannot read ${path}: ${(err as Error).message}`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw new ConfigError(`TOLLGATE_CONFIG: ${path} is not valid JSON: ${(err as Error).message}`);
+  }
+  return parseConfig(raw, env);
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value && typeof value === 'object') {
+    for (const v of Object.values(value)) deepFreeze(v);
+    Object.freeze(value);
+  }
+  return value;
+}
+
+export { ConfigError };

@@ -1,0 +1,45 @@
+// The gateway's view of counting: which counter a request's model uses on its upstream, the byte
+// estimate to fall back on, and each model's context window (configured, else learnt from a
+// llama.cpp server's /props and refreshed now and then, since a server can be restarted with
+// another -c / --parallel).
+
+import type { Config } from './config.js';
+import type { Upstream } from './upstreams.js';
+import type { TokenCounter } from '../metering/types.js';
+import { createCounters, fetchContextWindow } from '../metering/tokenizers/index.js';
+import type { TokenCache } from '../metering/token-cache.js';
+
+const WINDOW_REFRESH_MS = 60_000;
+
+export interface Counters {
+  forModel(upstream: Upstream, model: string): TokenCounter;
+  readonly estimate: TokenCounter;
+  readonly cache: TokenCache;
+  contextWindow(upstream: Upstream, model: string): Promise<number | null>;
+}
+
+export function gatewayCounters(config: Config, clock: () => number): Counters {
+  const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes });
+  const learnt = new Map<string, { window: number | null; at: number }>();
+  const ref = (u: Upstream) => ({ kind: u.config.kind, baseUrl: u.config.baseUrl, dispatcher: u.dispatcher, apiKey: u.apiKey ?? undefined });
+  return {
+    estimate: inner.fallback,
+    cache: inner.cache,
+    forModel: (upstream, model) => inner.counterFor(ref(upstream), model),
+    async contextWindow(upstream) {
+      if (upstream.config.contextWindow !== null) return upstream.config.contextWindow;
+      if (upstream.config.kind !== 'llamacpp') return null;
+      const now = clock();
+      const known = learnt.get(upstream.name);
+      if (known && now - known.at < WINDOW_REFRESH_MS) return known.window;
+      try {
+        const window = await fetchContextWindow(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined });
+        learnt.set(upstream.name, { window, at: now });
+        return window;
+      } catch {
+        // Unknown is null, never a guess; the server's own 400 still guards its window.
+        return known?.window ?? null;
+      }
+    },
+  };
+}

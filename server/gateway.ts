@@ -1,0 +1,26 @@
+// The services one gateway instance is built from. `buildApp` makes them from config, or takes them
+// injected (tests pass a store, a clock, a metrics registry).
+
+import type { FastifyBaseLogger } from 'fastify';
+import type { Config } from './config.js';
+import type { Ledger } from '../metering/ledger.js';
+import type { Metrics } from './metrics.js';
+import type { UpstreamRegistry } from './upstreams.js';
+import type { Authenticator } from './auth.js';
+import type { Counters } from './counters.js';
+import type { PriceTable } from '../pricing/price-table.js';
+
+export type Clock = () => number;
+
+export interface Gateway {
+  config: Config;
+  ledger: Ledger;
+  metrics: Metrics;
+  upstreams: UpstreamRegistry;
+  auth: Authenticator;
+  counters: Counters;
+  prices: PriceTable;
+  clock: Clock;
+  log: FastifyBaseLogger;
+  adminToken: string | null;
+}

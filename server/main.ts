@@ -1,0 +1,63 @@
+#!/usr/bin/env node
+// Start-up: read the environment, build the app, listen, and shut down gracefully (SPEC §8).
+//   TOLLGATE_CONFIG  JSON config file (optional: a zero-config default is served without it)
+//   TOLLGATE_HOST    default 127.0.0.1
+//   TOLLGATE_PORT    default 8787
+
+import { buildApp } from './app.js';
+import { ConfigError, loadConfig } from './config.js';
+
+const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
+
+export function isLoopback(host: string): boolean {
+  return LOOPBACK.has(host) || host.startsWith('127.');
+}
+
+async function main(): Promise<void> {
+  const env = process.env;
+  let config;
+  try {
+    config = loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError || (err instanceof Error && err.name === 'PriceOverridesError')) {
+      process.stderr.write(`tollgate: invalid configuration: ${err.message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+  const host = env.TOLLGATE_HOST ?? '127.0.0.1';
+  const port = Number(env.TOLLGATE_PORT ?? 8787);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    process.stderr.write(`tollgate: TOLLGATE_PORT must be a port number, got "${env.TOLLGATE_PORT}"\n`);
+    process.exit(2);
+  }
+  if (config.auth.keys.length === 0 && !isLoopback(host)) {
+    process.stderr.write(
+      `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config, or listen on 127.0.0.1\n`,
+    );
+    process.exit(2);
+  }
+
+  const app = await buildApp({ config });
+  let closing = false;
+  const shutdown = async (signal: string) => {
+    if (closing) return;
+    closing = true;
+    app.log.info({ signal }, 'shutting down');
+    // Stop taking connections, let requests in flight settle, then close pools and the store.
+    const timer = setTimeout(() => process.exit(1), 30_000);
+    timer.unref();
+    await app.close();
+    process.exit(0);
+  };
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+
+  await app.listen({ host, port });
+  app.log.info({ host, port, store: config.store.kind, upstreams: config.upstreams.map((u) => u.name) }, 'tollgate listening');
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`tollgate: failed to start: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.exit(1);
+});

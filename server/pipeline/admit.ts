@@ -1,0 +1,104 @@
+// Stage 4 — admit (SPEC §2.4, §6): one atomic step in the ledger against every budget that applies
+// (run tokens, conversation cap, parent cap, monthly budget). A refusal is a 402 in the OpenAI
+// envelope with the exact figures, and nothing reaches the upstream.
+
+import { GatewayError } from '../errors.js';
+import type { Gateway } from '../gateway.js';
+import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
+import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
+import { cheaperModels, candidatesFromUpstreams, type LimitScope } from '../../pricing/cheaper-models.js';
+import type { Plan } from './plan.js';
+
+export function reservationOf(plan: Plan): Reservation {
+  return {
+    id: plan.id,
+    time: plan.time,
+    tenant: plan.principal.tenant,
+    keyId: plan.principal.keyId,
+    conversation: plan.conversation,
+    parent: plan.parent,
+    run: plan.run,
+    model: plan.model,
+    upstream: plan.upstream.name,
+    endpoint: plan.valid.kind,
+    mode: plan.mode,
+    finalReason: plan.finalReason,
+    rows: plan.rows.rows,
+    promptTokens: plan.rows.sumTokens,
+    countMethod: plan.rows.countMethod,
+    sharedPrefixTokens: plan.sharedPrefixTokens,
+    promptCharge: plan.promptCharge,
+    allowance: plan.allowance,
+    runBudgetTokens: plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget,
+    worstCaseUsd: plan.worstCaseUsd,
+    month: plan.month,
+  };
+}
+
+export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan): GatewayError {
+  const whole = limit !== null && needed > limit;
+  const message = whole
+    ? `run token budget: this request needs ${needed} tokens (prompt ${plan.promptCharge} + max output ${plan.allowance}), more than the run's whole budget of ${limit} tokens`
+    : `run token budget exhausted: this request needs ${needed} tokens (prompt ${plan.promptCharge} + max output ${plan.allowance}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain`;
+  return new GatewayError('token_budget_exhausted', message, {
+    remaining,
+    needed,
+    limit,
+    prompt_tokens: plan.promptCharge,
+    allowance: plan.allowance,
+    count_method: plan.rows.countMethod,
+  });
+}
+
+/** Does any money limit apply to this request? (An unpriced metered model is then refused.) */
+async function moneyLimitApplies(gw: Gateway, plan: Plan): Promise<boolean> {
+  const [conv, parent, tenant] = await Promise.all([
+    gw.ledger.conversationSpend(plan.conversation),
+    plan.parent ? gw.ledger.conversationSpend(plan.parent) : Promise.resolve(null),
+    gw.ledger.getTenant(plan.principal.tenant),
+  ]);
+  return conv?.capUsd != null || parent?.capUsd != null || tenant?.monthlyBudgetUsd != null;
+}
+
+export function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): GatewayError {
+  const candidates = candidatesFromUpstreams(
+    gw.upstreams.list.map((u) => ({ name: u.name, models: u.config.models, billing: u.billing, tools: u.config.tools })),
+    (model) => gw.prices.lookup(model),
+  );
+  const refusal = moneyRefusal({
+    scope: r.scope,
+    spentUsd: r.spentUsd,
+    limitUsd: r.limitUsd,
+    neededUsd: r.neededUsd,
+    cheaperModels: cheaperModels({
+      model: plan.model,
+      price: plan.price,
+      candidates,
+      offersTools: plan.valid.tools !== null,
+      scope: r.scope,
+      limitUsd: r.limitUsd,
+    }),
+  });
+  return new GatewayError(refusal.code, refusal.message, refusal.details, refusal.param);
+}
+
+/** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
+export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
+  if (plan.tokenRefusal) {
+    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, plan.runState?.budgetTokens ?? plan.bounds.tokenBudget, plan);
+  }
+  if (plan.upstream.billing === 'metered' && !plan.price && gw.config.prices.unpriced === 'refuse' && (await moneyLimitApplies(gw, plan))) {
+    const r = modelNotPriced(plan.model);
+    return new GatewayError(r.code, r.message, r.details, r.param);
+  }
+  return null;
+}
+
+export async function admit(gw: Gateway, plan: Plan): Promise<void> {
+  const early = await precheck(gw, plan);
+  if (early) throw early;
+  const result = await gw.ledger.admit(reservationOf(plan));
+  if (result.ok) return;
+  if (result.scope === 'run') throw tokenBudgetError(result.remainingTokens, result.neededTokens, result.limitTokens, plan);
+  throw moneyError(gw, plan, result);
+}

@@ -1,0 +1,75 @@
+// What every budget has left for a plan, read without reserving anything (for /v1/admission):
+// the same state the store's atomic admission step checks, and the largest max_tokens all of
+// them would still admit.
+
+import type { Gateway } from '../gateway.js';
+import type { AdmissionState, MoneyScopeState } from '../../metering/stores/admission-check.js';
+import { ratesAt } from '../../pricing/model-price.js';
+import type { Plan } from './plan.js';
+
+interface MoneyView {
+  limit_usd: number;
+  spent_usd: number;
+  remaining_usd: number;
+}
+
+const round = (usd: number) => Math.round(usd * 1e8) / 1e8;
+
+function moneyView(limit: number | null, committed: number): MoneyView | null {
+  if (limit === null) return null;
+  return { limit_usd: limit, spent_usd: round(committed), remaining_usd: round(Math.max(0, limit - committed)) };
+}
+
+export async function budgetsOf(gw: Gateway, plan: Plan) {
+  const [conv, parent, tenant, month] = await Promise.all([
+    gw.ledger.conversationSpend(plan.conversation),
+    plan.parent ? gw.ledger.conversationSpend(plan.parent) : Promise.resolve(null),
+    gw.ledger.getTenant(plan.principal.tenant),
+    gw.ledger.tenantMonth(plan.principal.tenant, plan.month),
+  ]);
+  const scope = (c: typeof conv): MoneyScopeState => ({
+    capUsd: c?.capUsd ?? null,
+    spentUsd: c?.spentUsd ?? 0,
+    tasksUsd: c?.tasksUsd ?? 0,
+    reservedUsd: c?.reservedUsd ?? 0,
+  });
+  const budgetTokens = plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget;
+  const state: AdmissionState = {
+    budgetTokens,
+    usedTokens: plan.runState?.usedTokens ?? 0,
+    conversation: scope(conv),
+    parent: plan.parent ? scope(parent) : null,
+    monthlyBudgetUsd: tenant?.monthlyBudgetUsd ?? null,
+    month,
+  };
+  const committed = (s: MoneyScopeState) => s.spentUsd + s.tasksUsd + s.reservedUsd;
+  const view = {
+    run: budgetTokens === null ? null : { limit_tokens: budgetTokens, remaining_tokens: Math.max(0, budgetTokens - state.usedTokens) },
+    conversation: moneyView(state.conversation.capUsd, committed(state.conversation)),
+    parent: state.parent ? moneyView(state.parent.capUsd, committed(state.parent)) : null,
+    monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd + month.reservedUsd),
+  };
+  return { state, view };
+}
+
+/** The largest max_tokens (per choice) that the window and every budget would admit now. */
+export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | null {
+  const per = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  const limits: number[] = [];
+  if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
+  if (s.budgetTokens !== null) limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge) / per));
+  if (plan.price && plan.upstream.billing === 'metered') {
+    const rates = ratesAt(plan.price, plan.rows.sumTokens);
+    const promptUsd = (plan.rows.sumTokens * rates.input) / 1e6;
+    const rooms: number[] = [];
+    const capRoom = (m: MoneyScopeState | null) => (m && m.capUsd !== null ? m.capUsd - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
+    for (const room of [capRoom(s.conversation), capRoom(s.parent), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
+      if (room !== null) rooms.push(room);
+    }
+    for (const room of rooms) {
+      limits.push(rates.output > 0 ? Math.floor(((room - promptUsd) * 1e6) / rates.output / per) : Number.MAX_SAFE_INTEGER);
+    }
+  }
+  if (plan.valid.kind === 'embeddings') return 0;
+  return limits.length === 0 ? null : Math.max(0, Math.min(...limits));
+}

@@ -1,0 +1,137 @@
+// The three proxied endpoints differ only in how a body is checked and what its rows are; the rest
+// of the pipeline is shared (ADR 0001). Validation names the offending field (`param`).
+
+import { GatewayError } from '../errors.js';
+import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+
+export type EndpointKind = 'chat' | 'completions' | 'embeddings';
+
+export const ENDPOINT_PATHS: Record<EndpointKind, string> = {
+  chat: '/v1/chat/completions',
+  completions: '/v1/completions',
+  embeddings: '/v1/embeddings',
+};
+
+export function endpointForPath(path: unknown): EndpointKind | null {
+  const found = (Object.keys(ENDPOINT_PATHS) as EndpointKind[]).find((k) => ENDPOINT_PATHS[k] === path);
+  return found ?? null;
+}
+
+/** A text row or a row already given as token ids. */
+export type RowInput = { text: string } | { tokenIds: number } ;
+
+export interface ValidRequest {
+  kind: EndpointKind;
+  body: Record<string, unknown>;
+  model: string;
+  stream: boolean;
+  /** The client asked for a usage chunk (`stream_options.include_usage`). */
+  includeUsage: boolean;
+  n: number;
+  /** max_completion_tokens ?? max_tokens, when given. */
+  maxTokens: number | null;
+  maxTokensField: 'max_completion_tokens' | 'max_tokens' | null;
+  messages: ChatMessage[] | null;
+  tools: ToolDefinition[] | null;
+  rows: RowInput[] | null;
+}
+
+function invalid(param: string, message: string): never {
+  throw new GatewayError('invalid_request', `${param}: ${message}`, {}, param);
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function optionalInt(body: Record<string, unknown>, key: string, min: number): number | null {
+  const v = body[key];
+  if (v === undefined || v === null) return null;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min) invalid(key, `must be an integer ≥ ${min}`);
+  return v;
+}
+
+function checkMessages(v: unknown): ChatMessage[] {
+  if (!Array.isArray(v)) invalid('messages', 'must be an array of messages');
+  if (v.length === 0) invalid('messages', 'must contain at least one message');
+  v.forEach((m, i) => {
+    if (!isObject(m)) invalid(`messages[${i}]`, 'must be an object');
+    if (typeof m.role !== 'string') invalid(`messages[${i}].role`, 'must be a string');
+    const c = m.content;
+    if (c !== undefined && c !== null && typeof c !== 'string' && !Array.isArray(c)) {
+      invalid(`messages[${i}].content`, 'must be a string, an array of content parts, or null');
+    }
+    if (Array.isArray(c)) {
+      c.forEach((part, j) => {
+        if (!isObject(part) || typeof part.type !== 'string') invalid(`messages[${i}].content[${j}]`, 'must be a content part with a type');
+      });
+    }
+    if (m.tool_calls !== undefined && m.tool_calls !== null && !Array.isArray(m.tool_calls)) {
+      invalid(`messages[${i}].tool_calls`, 'must be an array');
+    }
+    if (m.name !== undefined && typeof m.name !== 'string') invalid(`messages[${i}].name`, 'must be a string');
+  });
+  return v as ChatMessage[];
+}
+
+function checkTools(v: unknown): ToolDefinition[] | null {
+  if (v === undefined || v === null) return null;
+  if (!Array.isArray(v)) invalid('tools', 'must be an array');
+  v.forEach((t, i) => {
+    if (!isObject(t) || !isObject(t.function) || typeof t.function.name !== 'string') {
+      invalid(`tools[${i}].function.name`, 'must be a string');
+    }
+  });
+  return v.length > 0 ? (v as ToolDefinition[]) : null;
+}
+
+function rowsOf(v: unknown, param: string, allowEmptyString: boolean): RowInput[] {
+  const bad = () => invalid(param, 'must be a string, an array of strings, an array of token ids, or an array of token-id arrays');
+  const isIds = (a: unknown): a is number[] => Array.isArray(a) && a.every((x) => typeof x === 'number' && Number.isInteger(x));
+  if (typeof v === 'string') return [{ text: v }];
+  if (!Array.isArray(v)) return bad();
+  if (v.length === 0) invalid(param, 'must not be empty');
+  if (v.every((x) => typeof x === 'number')) return isIds(v) ? [{ tokenIds: v.length }] : bad();
+  return v.map((row, i) => {
+    if (typeof row === 'string') {
+      if (!allowEmptyString && row.length === 0) invalid(`${param}[${i}]`, 'must not be empty');
+      return { text: row };
+    }
+    if (isIds(row)) return { tokenIds: row.length };
+    return invalid(`${param}[${i}]`, 'must be a string or an array of token ids');
+  });
+}
+
+export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest {
+  if (!isObject(body)) throw new GatewayError('invalid_request', 'request body must be a JSON object');
+  if (typeof body.model !== 'string' || body.model.length === 0) invalid('model', 'must be a non-empty string');
+  const stream = body.stream === undefined || body.stream === null ? false : body.stream;
+  if (typeof stream !== 'boolean') invalid('stream', 'must be a boolean');
+  const so = body.stream_options;
+  if (so !== undefined && so !== null && !isObject(so)) invalid('stream_options', 'must be an object');
+  const includeUsage = isObject(so) && so.include_usage === true;
+  const n = optionalInt(body, 'n', 1) ?? 1;
+  if (n > 128) invalid('n', 'must be at most 128');
+  const mct = optionalInt(body, 'max_completion_tokens', 1);
+  const mt = optionalInt(body, 'max_tokens', 1);
+  const base = {
+    kind,
+    body,
+    model: body.model,
+    stream: kind === 'embeddings' ? false : stream,
+    includeUsage,
+    n: kind === 'embeddings' ? 1 : n,
+    maxTokens: kind === 'embeddings' ? null : (mct ?? mt),
+    maxTokensField: kind === 'embeddings' ? null : mct !== null ? ('max_completion_tokens' as const) : mt !== null ? ('max_tokens' as const) : null,
+  };
+  switch (kind) {
+    case 'chat':
+      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools), rows: null };
+    case 'completions':
+      if (body.prompt === undefined) invalid('prompt', 'is required');
+      return { ...base, messages: null, tools: null, rows: rowsOf(body.prompt, 'prompt', true) };
+    case 'embeddings':
+      if (body.input === undefined) invalid('input', 'is required');
+      return { ...base, messages: null, tools: null, rows: rowsOf(body.input, 'input', false) };
+  }
+}

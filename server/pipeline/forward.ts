@@ -1,0 +1,99 @@
+// Stage 5 — forward (SPEC §2): the allowance made explicit so the upstream can never generate more
+// than was reserved, usage forced on for streams, the client's credentials replaced by the
+// upstream's, and nothing of the client's headers passed on (so no hop-by-hop header leaks).
+// undici failures become typed 502/504 errors that keep their cause (as @fastify/reply-from does).
+
+import type { Dispatcher } from 'undici';
+import { GatewayError } from '../errors.js';
+import type { Plan } from './plan.js';
+import { ENDPOINT_PATHS } from './endpoints.js';
+
+export function upstreamPath(plan: Plan): string {
+  const { upstream } = plan;
+  const endpoint = ENDPOINT_PATHS[plan.valid.kind];
+  if (upstream.config.kind === 'llamacpp') {
+    // llama.cpp serves its OpenAI routes under /v1 whatever the base URL says.
+    return `${upstream.basePath.replace(/\/v1$/, '')}${endpoint}`;
+  }
+  // OpenAI convention: the base URL already ends with the version (https://api.openai.com/v1).
+  return `${upstream.basePath}${endpoint.replace(/^\/v1/, '')}`;
+}
+
+export function upstreamBody(plan: Plan): Record<string, unknown> {
+  const body: Record<string, unknown> = { ...plan.forwardBody };
+  const { kind } = plan.valid;
+  if (kind !== 'embeddings') {
+    const field =
+      plan.valid.maxTokensField ??
+      (kind === 'chat' && plan.upstream.config.kind === 'openai' ? 'max_completion_tokens' : 'max_tokens');
+    delete body.max_tokens;
+    delete body.max_completion_tokens;
+    body[field] = plan.perChoiceAllowance;
+  }
+  if (plan.valid.stream) {
+    const so = typeof body.stream_options === 'object' && body.stream_options !== null ? body.stream_options : {};
+    body.stream_options = { ...so, include_usage: true };
+  }
+  return body;
+}
+
+const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT']);
+
+export function upstreamError(err: unknown, upstream: string): GatewayError {
+  const code = (err as { code?: string }).code ?? '';
+  if (TIMEOUT_CODES.has(code)) {
+    return new GatewayError('upstream_timeout', `upstream "${upstream}" did not answer in time (${code})`, { upstream }, null, { cause: err });
+  }
+  const reason = err instanceof Error ? err.message : String(err);
+  return new GatewayError('upstream_unreachable', `upstream "${upstream}" could not be reached: ${reason}`, { upstream }, null, { cause: err });
+}
+
+export async function forward(plan: Plan, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+  const { upstream } = plan;
+  const headers: Record<string, string> = {
+    'content-type': 'application/json',
+    accept: plan.valid.stream ? 'text/event-stream' : 'application/json',
+    'x-request-id': plan.id,
+  };
+  if (upstream.apiKey) headers.authorization = `Bearer ${upstream.apiKey}`;
+  try {
+    return await upstream.dispatcher.request({
+      origin: upstream.origin,
+      path: upstreamPath(plan),
+      method: 'POST',
+      headers,
+      body: JSON.stringify(upstreamBody(plan)),
+      signal,
+    });
+  } catch (err) {
+    if (signal.aborted) throw err;
+    throw upstreamError(err, upstream.name);
+  }
+}
+
+/** An upstream error body in the OpenAI envelope; llama.cpp's numeric `code` is normalised. */
+export function normaliseUpstreamError(status: number, text: string): Record<string, unknown> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    parsed = null;
+  }
+  const err = (parsed as { error?: unknown } | null)?.error;
+  if (err && typeof err === 'object' && !Array.isArray(err)) {
+    const e = { ...(err as Record<string, unknown>) };
+    const type = typeof e.type === 'string' ? e.type : 'upstream_error';
+    return {
+      error: {
+        ...e,
+        message: typeof e.message === 'string' ? e.message : `upstream answered ${status}`,
+        type,
+        param: typeof e.param === 'string' ? e.param : null,
+        // llama.cpp sends the HTTP status as a number here; its `type` is the useful code.
+        code: typeof e.code === 'string' ? e.code : type,
+      },
+    };
+  }
+  const message = typeof err === 'string' ? err : text.slice(0, 2000) || `upstream answered ${status}`;
+  return { error: { message, type: 'upstream_error', param: null, code: 'upstream_error' } };
+}

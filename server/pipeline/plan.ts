@@ -1,0 +1,252 @@
+// Stage 3 — plan (SPEC §2): rows, tokens per row, size refusals, the conversation and run, the
+// shared prefix and charge, the allowance, the worst-case cost and the mode. Calls no model; a
+// llama.cpp upstream may be asked to tokenize. Used by the real request and by /v1/admission alike.
+
+import { randomUUID } from 'node:crypto';
+import { GatewayError } from '../errors.js';
+import type { Gateway } from '../gateway.js';
+import type { Principal } from '../auth.js';
+import type { Upstream } from '../upstreams.js';
+import type { ValidRequest } from './endpoints.js';
+import type { ChatCount, ChatMessage, CountMethod } from '../../metering/types.js';
+import type { ConversationHead, RunState } from '../../metering/ledger.js';
+import { planRows, type RowPlan } from '../../metering/row-plan.js';
+import { checkSizes } from '../../metering/size-check.js';
+import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
+import { decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
+import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
+import { sha256Hex, canonicalJson } from '../../metering/runs/canonical-json.js';
+import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
+import type { ModelPrice } from '../../pricing/model-price.js';
+import { worstCaseUsd } from '../../pricing/turn-cost.js';
+
+export interface Headers {
+  [name: string]: string | string[] | undefined;
+}
+
+export interface Plan {
+  id: string;
+  time: number;
+  valid: ValidRequest;
+  principal: Principal;
+  upstream: Upstream;
+  model: string;
+  /** The body that will be forwarded (final-answer mode rewrites it). */
+  forwardBody: Record<string, unknown>;
+  rows: RowPlan;
+  contextWindow: number | null;
+  conversation: string;
+  conversationSource: 'header' | 'inferred' | 'new';
+  parent: string | null;
+  run: string;
+  runState: RunState | null;
+  runInspection: RunInspection | null;
+  bounds: RunBounds;
+  chain: string[];
+  chatCount: ChatCount | null;
+  toolHash: string;
+  sharedPrefixTokens: number;
+  promptCharge: number;
+  /** Output tokens reserved: per-choice allowance × n (× rows for completions). */
+  allowance: number;
+  /** What each choice of each row may generate. */
+  perChoiceAllowance: number;
+  mode: 'normal' | 'final-answer';
+  finalReason: FinalReason | null;
+  /** Run-token refusal decided while planning (the atomic check happens again at admission). */
+  tokenRefusal: { remainingTokens: number; neededTokens: number } | null;
+  price: ModelPrice | null;
+  worstCaseUsd: number | null;
+  month: string;
+  head: ConversationHead | null;
+}
+
+function header(headers: Headers, name: string): string | null {
+  const v = headers[name];
+  const s = Array.isArray(v) ? v[0] : v;
+  return s && s.trim().length > 0 ? s.trim() : null;
+}
+
+export function monthOf(ms: number): string {
+  return new Date(ms).toISOString().slice(0, 7);
+}
+
+function toolHashOf(valid: ValidRequest): string {
+  const body = valid.body;
+  if (!valid.tools && body.tool_choice === undefined) return '';
+  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: body.tool_choice ?? null }));
+}
+
+async function countRows(gw: Gateway, upstream: Upstream, valid: ValidRequest, messages = valid.messages) {
+  const counter = gw.counters.forModel(upstream, valid.model);
+  try {
+    if (messages) {
+      const chat = await counter.countChat({ model: valid.model, messages, tools: valid.kind === 'chat' && messages === valid.messages ? (valid.tools ?? undefined) : undefined, tool_choice: valid.body.tool_choice });
+      return { rowTokens: [chat.tokens], method: chat.method, upperBound: chat.upperBound, chat };
+    }
+    const rows = valid.rows ?? [];
+    const counts = await Promise.all(
+      rows.map(async (row) => ('text' in row ? counter.countText(row.text) : { tokens: row.tokenIds, method: counter.method, upperBound: false })),
+    );
+    return {
+      rowTokens: counts.map((c) => c.tokens),
+      method: counts[0]?.method ?? counter.method,
+      upperBound: counts.some((c) => c.upperBound),
+      chat: null,
+    };
+  } catch (err) {
+    // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
+    // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
+    gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'tokenizer unavailable, using byte estimate');
+    const est = gw.counters.estimate;
+    if (messages) {
+      const chat = await est.countChat({ model: valid.model, messages, tools: valid.tools ?? undefined, tool_choice: valid.body.tool_choice });
+      return { rowTokens: [chat.tokens], method: chat.method, upperBound: false, chat };
+    }
+    const counts = await Promise.all((valid.rows ?? []).map((row) => ('text' in row ? est.countText(row.text) : Promise.resolve({ tokens: row.tokenIds, method: est.method as CountMethod, upperBound: false }))));
+    return { rowTokens: counts.map((c) => c.tokens), method: est.method, upperBound: false, chat: null };
+  }
+}
+
+async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[]) {
+  const named = header(headers, 'x-tollgate-conversation');
+  if (named) return { conversation: named, source: 'header' as const };
+  if (chain.length > 0) {
+    const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain);
+    if (found) return { conversation: found, source: 'inferred' as const };
+  }
+  return { conversation: `conv-${randomUUID()}`, source: 'new' as const };
+}
+
+export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers): Promise<Plan> {
+  const time = gw.clock();
+  const upstream = gw.upstreams.route(valid.model);
+  if (!upstream) {
+    throw new GatewayError('model_not_found', `The model \`${valid.model}\` does not exist or is not served by this gateway`, {}, 'model');
+  }
+  const contextWindow = await gw.counters.contextWindow(upstream, valid.model);
+
+  // 1. Rows and their tokens; the 413 checks in SPEC §11's order.
+  let counted = await countRows(gw, upstream, valid);
+  let rows = planRows({
+    kind: valid.kind,
+    rowTokens: counted.rowTokens,
+    countMethod: counted.method,
+    upperBound: counted.upperBound,
+    maxTokens: valid.maxTokens,
+    n: valid.n,
+    defaultMaxTokens: gw.config.defaults.maxTokens,
+    contextWindow,
+  });
+  const sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
+  if (sizeRefusal) throw new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
+
+  // 2. The conversation, its previous request, and this request's run.
+  const messages = valid.messages;
+  const chain = messages ? chainHashes(messages) : [];
+  const { conversation, source } = await resolveConversation(gw, headers, principal, chain);
+  const parent = header(headers, 'x-tollgate-parent');
+  const head = await gw.ledger.getHead(conversation);
+  const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages)}`).slice(0, 32) : `req-${randomUUID()}`;
+  const runState = messages ? await gw.ledger.getRun(run) : null;
+  const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
+  const bounds = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
+  const runInspection = messages ? inspectRun(messages, gw.config.runs.writeTools) : null;
+
+  // 3. Shared prefix and charge (SPEC §4).
+  const toolHash = toolHashOf(valid);
+  const promptTokens = rows.sumTokens;
+  const sharedFor = (prefix: number[] | null, hash: string) =>
+    sharedPrefixTokens({ head, chain, prefix, model: valid.model, toolHash: hash, now: time, upstream: upstream.config });
+  let shared = sharedFor(counted.chat?.prefix ?? null, toolHash);
+  let promptCharge = promptChargeFor(promptTokens, shared);
+  const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
+
+  // 4. Mode: a run at one of its bounds gets its answer instead of another tool round (SPEC §5).
+  let forwardBody = valid.body;
+  let mode: Plan['mode'] = 'normal';
+  let finalReason: FinalReason | null = null;
+  let tokenRefusal: Plan['tokenRefusal'] = null;
+  if (valid.kind === 'chat' && runInspection) {
+    const offersTools = valid.tools !== null || Array.isArray(valid.body.functions);
+    const decision = decideMode({
+      bounds,
+      run: runInspection,
+      offersTools,
+      now: time,
+      runStartedAt: runState?.startedAt ?? null,
+      remainingTokens: remaining,
+      neededTokens: promptCharge + rows.allowance,
+    });
+    if (decision.mode === 'final-answer') {
+      mode = 'final-answer';
+      finalReason = decision.reason;
+      forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
+      const finalMessages = forwardBody.messages as typeof messages;
+      counted = await countRows(gw, upstream, { ...valid, tools: null, body: forwardBody }, finalMessages);
+      // The gateway removed the tools itself: the leading messages are still what the model read
+      // before, so the charge is measured on messages alone (ADR 0007).
+      const messagesOnly = counted.chat ? counted.chat.prefix.map((p) => p - (counted.chat?.prefix[0] ?? 0)) : null;
+      const headMessagesOnly = head ? { ...head, toolHash: '', prefix: head.prefix.map((p) => p - (head.prefix[0] ?? 0)) } : null;
+      shared = sharedPrefixTokens({ head: headMessagesOnly, chain, prefix: messagesOnly, model: valid.model, toolHash: '', now: time, upstream: upstream.config });
+      // The answer uses the reserve: its allowance is what the run has left after its prompt.
+      const promptTokensFinal = counted.rowTokens[0];
+      promptCharge = promptChargeFor(promptTokensFinal, shared);
+      const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
+      rows = planRows({
+        kind: valid.kind,
+        rowTokens: counted.rowTokens,
+        countMethod: counted.method,
+        upperBound: counted.upperBound,
+        maxTokens: room === null ? valid.maxTokens : Math.max(1, Math.min(valid.maxTokens ?? gw.config.defaults.maxTokens, Math.floor(room / valid.n))),
+        n: valid.n,
+        defaultMaxTokens: gw.config.defaults.maxTokens,
+        contextWindow,
+      });
+      if (room !== null && (room < valid.n || promptCharge + rows.allowance > remaining!)) {
+        tokenRefusal = { remainingTokens: remaining!, neededTokens: promptCharge + rows.allowance };
+      }
+    } else if (decision.mode === 'refuse-tokens') {
+      tokenRefusal = { remainingTokens: decision.remainingTokens, neededTokens: decision.neededTokens };
+    }
+  } else if (remaining !== null && promptCharge + rows.allowance > remaining) {
+    tokenRefusal = { remainingTokens: remaining, neededTokens: promptCharge + rows.allowance };
+  }
+
+  // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
+  const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
+  const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: rows.sumTokens, allowance: rows.allowance }) : null;
+
+  return {
+    id: `req-${randomUUID()}`,
+    time,
+    valid,
+    principal,
+    upstream,
+    model: valid.model,
+    forwardBody,
+    rows,
+    contextWindow,
+    conversation,
+    conversationSource: source,
+    parent,
+    run,
+    runState,
+    runInspection,
+    bounds,
+    chain,
+    chatCount: counted.chat,
+    toolHash,
+    sharedPrefixTokens: shared,
+    promptCharge,
+    allowance: rows.allowance,
+    perChoiceAllowance: rows.perRowAllowance,
+    mode,
+    finalReason,
+    tokenRefusal,
+    price,
+    worstCaseUsd: worst,
+    month: monthOf(time),
+    head,
+  };
+}

@@ -1,0 +1,87 @@
+// Stage 6 for a non-streamed answer: read the upstream's JSON (a whole response is small next to a
+// request body), find the usage and the generated text per choice, and, in a final turn, remove
+// any tool call the model still proposes (SPEC §5).
+
+import type { Dispatcher } from 'undici';
+import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
+import { GatewayError } from '../errors.js';
+import type { Plan } from './plan.js';
+
+type Json = Record<string, unknown>;
+
+const MAX_RESPONSE_BYTES = 256 * 1024 * 1024;
+
+export interface JsonOutcome {
+  body: Json;
+  usage: Json | null;
+  timings: Json | null;
+  /** Generated text per choice (content + tool-call names and arguments), to count when usage can't be trusted. */
+  texts: string[];
+  toolsProposed: boolean;
+  empty: boolean;
+}
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+export async function readText(body: Dispatcher.ResponseData['body'], limit = MAX_RESPONSE_BYTES): Promise<string> {
+  const chunks: Buffer[] = [];
+  let total = 0;
+  for await (const chunk of body) {
+    total += (chunk as Buffer).length;
+    if (total > limit) {
+      body.destroy();
+      throw new GatewayError('upstream_bad_response', `upstream response is larger than ${limit} bytes`);
+    }
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks, total).toString('utf8');
+}
+
+function choiceText(choice: Json): string {
+  let text = typeof choice.text === 'string' ? choice.text : '';
+  const message = choice.message;
+  if (isObject(message)) {
+    if (typeof message.content === 'string') text += message.content;
+    if (typeof message.reasoning_content === 'string') text += message.reasoning_content;
+    if (Array.isArray(message.tool_calls)) {
+      for (const call of message.tool_calls) {
+        const fn = isObject(call) && isObject(call.function) ? call.function : null;
+        if (fn && typeof fn.name === 'string') text += fn.name;
+        if (fn && typeof fn.arguments === 'string') text += fn.arguments;
+      }
+    }
+  }
+  return text;
+}
+
+export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): Promise<JsonOutcome> {
+  const text = await readText(upstream.body);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not JSON`);
+  }
+  if (!isObject(parsed)) throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not a JSON object`);
+  const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
+  const texts = choices.map(choiceText);
+  let body = parsed;
+  let toolsProposed = false;
+  let empty = false;
+  if (plan.mode === 'final-answer') {
+    const stripped = stripToolCallsFromCompletion(parsed);
+    body = stripped.body as Json;
+    toolsProposed = stripped.toolsProposed;
+    empty = stripped.empty;
+  }
+  return {
+    body,
+    usage: isObject(parsed.usage) ? parsed.usage : null,
+    timings: isObject(parsed.timings) ? parsed.timings : null,
+    texts,
+    toolsProposed,
+    empty,
+  };
+}

@@ -1,0 +1,158 @@
+// Stage 6 — relay a stream chunk by chunk, never buffered whole, counting output as it passes
+// (SPEC §2.6, §11). A choice that reaches its allowance is ended by the gateway with
+// `finish_reason: "length"`; the usage chunk goes out only if the client asked for it; the settled
+// figures follow in a `: tollgate {…}` comment, then `data: [DONE]`.
+
+import type { ServerResponse } from 'node:http';
+import type { Dispatcher } from 'undici';
+import { SseParser, sseData } from './sse.js';
+import { OutputMeter, deltaText } from './output-meter.js';
+import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
+import type { Plan } from './plan.js';
+
+type Json = Record<string, unknown>;
+
+export interface StreamOutcome {
+  /** Usage the upstream reported, if it did. */
+  usage: Json | null;
+  /** llama.cpp `timings`, if present. */
+  timings: Json | null;
+  /** True when the gateway ended the stream at the allowance. */
+  cut: boolean;
+  /** The upstream connection failed part way. */
+  upstreamLost: boolean;
+  clientGone: boolean;
+  /** Any content reached the client. */
+  visibleText: boolean;
+  toolsProposed: boolean;
+  /** Chunk metadata (id, model, created) for chunks the gateway writes itself. */
+  meta: Json;
+  /** The response head was written (false: nothing reached the client yet). */
+  started: boolean;
+}
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+export async function relayStream(
+  plan: Plan,
+  upstream: Dispatcher.ResponseData,
+  res: ServerResponse,
+  meter: OutputMeter,
+  abortUpstream: () => void,
+  startHead: () => void,
+): Promise<StreamOutcome> {
+  const choicesExpected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  const finished = new Set<number>();
+  const filter = plan.mode === 'final-answer' ? new StreamToolCallFilter() : null;
+  const out: StreamOutcome = {
+    usage: null,
+    timings: null,
+    cut: false,
+    upstreamLost: false,
+    clientGone: false,
+    visibleText: false,
+    toolsProposed: false,
+    meta: {},
+    started: false,
+  };
+  // A final turn holds its first chunks back until visible text arrives, so that a turn that
+  // only proposes tools can still be answered with the excerpt and its header (SPEC §5).
+  let pending: string[] | null = filter ? [] : null;
+  let started = false;
+  const write = (text: string) => {
+    if (pending !== null && !out.visibleText) {
+      pending.push(text);
+      return;
+    }
+    if (res.destroyed || res.writableEnded) {
+      out.clientGone = true;
+      return;
+    }
+    if (!started) {
+      started = true;
+      startHead();
+    }
+    if (pending !== null) {
+      for (const held of pending) res.write(held);
+      pending = null;
+    }
+    res.write(text);
+  };
+  const lengthChunk = (index: number): Json => ({
+    ...out.meta,
+    choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: 'length' } : { index, text: '', finish_reason: 'length' }],
+  });
+
+  const handle = (event: { data: string | null; raw: string }): boolean => {
+    if (event.data === null) return true; // upstream comments are not passed on
+    if (event.data.trim() === '[DONE]') return false;
+    let chunk: unknown;
+    try {
+      chunk = JSON.parse(event.data);
+    } catch {
+      write(`${event.raw}\n\n`);
+      return true;
+    }
+    if (!isObject(chunk)) return true;
+    const { usage, timings, choices, ...meta } = chunk;
+    out.meta = { id: meta.id, object: meta.object, created: meta.created, model: meta.model };
+    if (isObject(usage)) out.usage = usage;
+    if (isObject(timings)) out.timings = timings;
+    if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
+
+    const kept: Json[] = [];
+    for (const raw of choices) {
+      if (!isObject(raw)) continue;
+      const index = typeof raw.index === 'number' ? raw.index : 0;
+      if (finished.has(index)) continue;
+      if (!meter.add(index, deltaText(raw))) {
+        // Past the allowance: this piece is not forwarded and the choice ends here.
+        kept.push(...(lengthChunk(index).choices as Json[]));
+        finished.add(index);
+        out.cut = true;
+        continue;
+      }
+      kept.push(raw);
+      if (typeof raw.finish_reason === 'string') finished.add(index);
+    }
+    if (kept.length > 0) {
+      let next: Json | null = { ...meta, choices: kept };
+      if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
+      if (filter) next = filter.push(next);
+      if (next) {
+        if (Array.isArray(next.choices) && next.choices.some((c) => isObject(c) && deltaText(c).trim() !== '')) out.visibleText = true;
+        write(sseData(next));
+      }
+    }
+    // Every choice has ended (the gateway cut them or the upstream finished them).
+    return !(out.cut && finished.size >= choicesExpected);
+  };
+
+  const parser = new SseParser();
+  try {
+    reading: for await (const piece of upstream.body) {
+      for (const event of parser.push(piece as Uint8Array)) {
+        if (!handle(event)) break reading;
+      }
+      if (out.clientGone) break;
+    }
+    if (!out.cut) for (const event of parser.end()) if (!handle(event)) break;
+  } catch {
+    out.upstreamLost = !out.clientGone;
+  }
+  if (out.cut || out.clientGone) abortUpstream();
+  if (filter) {
+    const summary = filter.finish();
+    if (summary.chunk) write(sseData(summary.chunk));
+    out.visibleText = summary.visibleText;
+    out.toolsProposed = summary.toolsProposed;
+  }
+  out.started = started;
+  if (out.upstreamLost) {
+    // The upstream went away part way: end each open choice so the client's SDK sees a clean end.
+    for (let i = 0; i < choicesExpected; i++) if (!finished.has(i)) write(sseData(lengthChunk(i)));
+  }
+  return out;
+}

@@ -1,0 +1,227 @@
+// The one request pipeline every proxied endpoint shares (ADR 0001):
+//   parse → plan → admit → forward → relay → settle
+// Routes only say which endpoint they are; everything else happens here, in this order.
+
+import { performance } from 'node:perf_hooks';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Dispatcher } from 'undici';
+import type { Gateway } from '../gateway.js';
+import { GatewayError, NO_RETRY_HEADERS } from '../errors.js';
+import { validateRequest, type EndpointKind } from './endpoints.js';
+import { plan as planRequest, type Plan } from './plan.js';
+import { admit } from './admit.js';
+import { forward, normaliseUpstreamError } from './forward.js';
+import { relayJson, readText } from './relay-json.js';
+import { relayStream } from './relay-stream.js';
+import { OutputMeter, type OutputCounting } from './output-meter.js';
+import { settle, pricierFor, type Outcome, type Settled } from './settle.js';
+import { sseData } from './sse.js';
+import { noticeHeader } from '../../metering/runs/final-answer.js';
+import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
+import { formatUsdHeader } from '../../pricing/usd-format.js';
+import type { Principal } from '../auth.js';
+
+function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
+  const h: Record<string, string | string[]> = {
+    'x-tollgate-conversation': plan.conversation,
+    'x-tollgate-reserved-tokens': String(plan.promptCharge + plan.allowance),
+    'x-tollgate-shared-prefix-tokens': String(plan.sharedPrefixTokens),
+    'x-tollgate-count-method': plan.rows.countMethod,
+  };
+  if (notices.length > 0) h['x-tollgate-notice'] = notices;
+  return h;
+}
+
+function settledHeaders(s: Settled): Record<string, string> {
+  const h: Record<string, string> = {
+    'x-tollgate-charge-tokens': String(s.chargeTokens),
+    'x-tollgate-refund-tokens': String(s.refundTokens),
+  };
+  const cost = formatUsdHeader(s.costUsd);
+  if (cost !== null) h['x-tollgate-cost-usd'] = cost;
+  return h;
+}
+
+function outputCounting(plan: Plan, counterMethod: string): OutputCounting {
+  if (counterMethod.startsWith('tiktoken:')) return 'tokenizer';
+  return plan.upstream.config.kind === 'llamacpp' ? 'chunk' : 'bytes';
+}
+
+function principalOf(request: FastifyRequest): Principal {
+  const p = (request as FastifyRequest & { principal?: Principal }).principal;
+  if (!p) throw new GatewayError('internal_error', 'request was not authenticated');
+  return p;
+}
+
+export async function handleProxy(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const t0 = performance.now();
+  const valid = validateRequest(kind, request.body);
+  const plan = await planRequest(gw, valid, principalOf(request), request.headers);
+  await admit(gw, plan);
+
+  const m = gw.metrics;
+  m.promptTokens.inc({ kind: 'new' }, plan.promptCharge);
+  m.promptTokens.inc({ kind: 'shared' }, plan.rows.sumTokens - plan.promptCharge);
+  m.outputTokens.inc({ kind: 'reserved' }, plan.allowance);
+  const notices: string[] = [];
+  if (plan.mode === 'final-answer' && plan.finalReason) {
+    notices.push(noticeHeader(plan.finalReason));
+    m.finalAnswer.inc({ reason: plan.finalReason });
+  }
+  const pricier = pricierFor(gw, plan);
+  if (pricier) notices.push(pricier);
+
+  // A client that goes away aborts the upstream at once; what was generated is still settled.
+  const abort = new AbortController();
+  const onClose = () => {
+    if (!reply.raw.writableFinished) abort.abort();
+  };
+  reply.raw.on('close', onClose);
+
+  const counter = gw.counters.forModel(plan.upstream, plan.model);
+  const tForward = performance.now();
+  let upstreamMs = 0;
+  let outcome: Outcome;
+  let settled: Settled | null = null;
+  const finishLog = (status: number) => {
+    const total = performance.now() - t0;
+    const overhead = Math.max(0, total - upstreamMs) / 1000;
+    m.overhead.observe({ route: kind }, overhead);
+    m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
+    m.requests.inc({ route: kind, upstream: plan.upstream.name, status: String(status) });
+    request.log.info(
+      {
+        id: plan.id,
+        tenant: plan.principal.tenant,
+        model: plan.model,
+        upstream: plan.upstream.name,
+        status,
+        mode: plan.mode,
+        prompt_tokens: plan.rows.sumTokens,
+        shared_prefix_tokens: plan.sharedPrefixTokens,
+        reserved_tokens: plan.promptCharge + plan.allowance,
+        charge_tokens: settled?.chargeTokens ?? null,
+        cost_usd: settled?.costUsd ?? null,
+        overhead_ms: Math.round(overhead * 1e6) / 1e3,
+        upstream_ms: Math.round(upstreamMs * 1e3) / 1e3,
+      },
+      'request settled',
+    );
+  };
+
+  let res: Dispatcher.ResponseData;
+  try {
+    res = await forward(plan, abort.signal);
+  } catch (err) {
+    upstreamMs = performance.now() - tForward;
+    const status = abort.signal.aborted ? 499 : err instanceof GatewayError ? err.status : 502;
+    settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true });
+    if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    finishLog(status);
+    throw err;
+  }
+
+  if (res.statusCode >= 400) {
+    const text = await readText(res.body).catch(() => '');
+    upstreamMs = performance.now() - tForward;
+    settled = await settle(gw, plan, { status: res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true });
+    if (plan.mode === 'final-answer') return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    finishLog(res.statusCode);
+    reply
+      .code(res.statusCode)
+      .headers({ ...NO_RETRY_HEADERS, ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
+      .send(normaliseUpstreamError(res.statusCode, text));
+    return;
+  }
+
+  if (!plan.valid.stream) {
+    const json = await relayJson(plan, res);
+    upstreamMs = performance.now() - tForward;
+    const texts = await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
+    const fallback = plan.mode === 'final-answer' && json.empty;
+    outcome = {
+      status: 200,
+      countedOutput: texts.reduce((a, b) => a + b, 0),
+      countedMethod: counter.method,
+      usage: json.usage,
+      timings: json.timings,
+      fallback,
+      refundAll: false,
+    };
+    settled = await settle(gw, plan, outcome);
+    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    finishLog(200);
+    reply.code(200).headers({ ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) }).send(json.body);
+    return;
+  }
+
+  // Streams: the admission figures as headers, the settled ones in a closing comment.
+  reply.hijack();
+  const raw = reply.raw;
+  const streamHead = (extra: Record<string, string | string[]>) =>
+    raw.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+      ...admissionHeaders(plan, notices),
+      ...extra,
+    });
+  const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance);
+  const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}));
+  upstreamMs = performance.now() - tForward;
+  const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
+  outcome = {
+    status: streamed.clientGone ? 499 : 200,
+    countedOutput: meter.total(),
+    countedMethod: meter.method,
+    // A cut stream's upstream usage never came (or counts past the cut): the meter stands.
+    usage: streamed.cut ? null : streamed.usage,
+    timings: streamed.timings,
+    fallback,
+    refundAll: false,
+  };
+  settled = await settle(gw, plan, outcome);
+  if (!raw.destroyed) {
+    if (!streamed.started) streamHead(fallback ? { 'x-tollgate-fallback': 'evidence-excerpt' } : {});
+    if (fallback) {
+      const text = evidenceExcerpt(plan.valid.messages ?? []);
+      for (const chunk of excerptStreamChunks(plan.model, text, false)) raw.write(sseData(chunk));
+      gw.metrics.fallback.inc();
+    }
+    if (plan.valid.includeUsage) {
+      const usage =
+        streamed.usage && !streamed.cut
+          ? streamed.usage
+          : { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+      raw.write(sseData({ ...streamed.meta, choices: [], usage }));
+    }
+    const trailer: Record<string, unknown> = {
+      charge_tokens: settled.chargeTokens,
+      refund_tokens: settled.refundTokens,
+      cost_usd: settled.costUsd,
+    };
+    if (settled.notices.length > 0) trailer.notices = settled.notices;
+    if (fallback) trailer.fallback = 'evidence-excerpt';
+    raw.write(`: tollgate ${JSON.stringify(trailer)}\n\n`);
+    raw.end('data: [DONE]\n\n');
+  }
+  finishLog(outcome.status);
+}
+
+/** The final turn failed, came back empty or only proposed tools: answer with the labelled excerpt. */
+function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: string[], settled: Settled, finishLog: (s: number) => void): void {
+  gw.metrics.fallback.inc();
+  const text = evidenceExcerpt(plan.valid.messages ?? []);
+  const headers = { ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), 'x-tollgate-fallback': 'evidence-excerpt' };
+  finishLog(200);
+  if (!plan.valid.stream) {
+    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text));
+    return;
+  }
+  let body = '';
+  for (const chunk of excerptStreamChunks(plan.model, text, false)) body += sseData(chunk);
+  body += `: tollgate ${JSON.stringify({ charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd, fallback: 'evidence-excerpt' })}\n\n`;
+  body += 'data: [DONE]\n\n';
+  reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}

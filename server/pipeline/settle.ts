@@ -1,0 +1,147 @@
+// Stage 7 — settle (SPEC §2.7, §4, §7): what was really generated, the refund of the rest, the
+// turn's cost, the conversation's new head, the metrics and one log line.
+
+import type { Gateway } from '../gateway.js';
+import type { Plan } from './plan.js';
+import type { Settlement, UpstreamFigures } from '../../metering/ledger.js';
+import { settleTokens } from '../../metering/charge.js';
+import { turnCost } from '../../pricing/turn-cost.js';
+import { budgetNearCrossed, pricierNotice, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
+
+type Json = Record<string, unknown>;
+
+export interface Outcome {
+  status: number;
+  /** Output counted by the gateway itself (stream meter or tokenizer). */
+  countedOutput: number;
+  countedMethod: string;
+  usage: Json | null;
+  timings: Json | null;
+  fallback: boolean;
+  /** Nothing was generated (an upstream error before any output): refund everything. */
+  refundAll: boolean;
+}
+
+export interface Settled {
+  generated: number;
+  chargeTokens: number;
+  refundTokens: number;
+  costUsd: number | null;
+  savedUsd: number | null;
+  notices: string[];
+}
+
+const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+
+function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
+  const details = usage?.prompt_tokens_details as Json | undefined;
+  return {
+    promptTokens: num(usage?.prompt_tokens),
+    completionTokens: num(usage?.completion_tokens),
+    cachedTokens: num(details?.cached_tokens),
+    promptN: num(timings?.prompt_n),
+    cacheN: num(timings?.cache_n),
+  };
+}
+
+/**
+ * The provider's completion count is used only where it can be trusted: llama.cpp reports row 0
+ * and choice 0 only for prompt arrays and n > 1 (fixtures/llamacpp: v1-completions-prompt-array,
+ * p2-chat-n2), so there the gateway's own count stands.
+ */
+function trustedCompletionTokens(plan: Plan, f: UpstreamFigures): number | null {
+  if (f.completionTokens === null) return null;
+  if (plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1)) return null;
+  return f.completionTokens;
+}
+
+export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
+  const f = figures(o.usage, o.timings);
+  const trusted = o.refundAll ? null : trustedCompletionTokens(plan, f);
+  const rawGenerated = o.refundAll ? 0 : (trusted ?? o.countedOutput);
+  const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : o.countedMethod;
+  const tokens = settleTokens(plan.promptCharge, plan.allowance, rawGenerated);
+  if (rawGenerated > plan.allowance) {
+    gw.log.warn({ id: plan.id, upstream: plan.upstream.name, generated: rawGenerated, allowance: plan.allowance }, 'upstream generated past the allowance');
+  }
+
+  const providerCost = num(o.usage?.cost);
+  const cost = o.refundAll
+    ? { costUsd: 0, savedUsd: null, planWorkUsd: null } // nothing was generated: nothing is owed
+    : turnCost({
+        billing: plan.upstream.billing,
+        price: plan.price ?? (plan.upstream.billing === 'plan' ? gw.prices.lookup(plan.model) : null),
+        usage: {
+          inputTokens: plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1 ? plan.rows.sumTokens : (f.promptTokens ?? plan.rows.sumTokens),
+          cachedTokens: f.cachedTokens,
+          outputTokens: tokens.generated,
+        },
+        providerCostUsd: providerCost,
+      });
+
+  const before = await gw.ledger.tenantMonth(plan.principal.tenant, plan.month);
+  const settlement: Settlement = {
+    status: o.status,
+    generatedTokens: tokens.generated,
+    outputMethod,
+    chargeTokens: tokens.chargeTokens,
+    refundTokens: tokens.refundTokens,
+    costUsd: cost.costUsd,
+    savedUsd: cost.savedUsd,
+    planWorkUsd: cost.planWorkUsd,
+    billing: plan.upstream.billing,
+    upstreamFigures: f,
+    fallback: o.fallback,
+    finishedAt: gw.clock(),
+  };
+  await gw.ledger.settle(plan.id, settlement);
+
+  const notices: string[] = [];
+  const m = gw.metrics;
+  m.outputTokens.inc({ kind: 'generated' }, tokens.generated);
+  m.outputTokens.inc({ kind: 'refunded' }, tokens.refundTokens);
+  if (cost.costUsd) m.costUsd.inc(cost.costUsd);
+  if (cost.savedUsd) m.savedUsd.inc(cost.savedUsd);
+  const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);
+  if (evaluated !== null && !o.refundAll) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);
+
+  if (!o.refundAll && o.status < 400) {
+    // The 80 % notice: once per tenant per month, claimed in the store so replicas agree.
+    const tenant = await gw.ledger.getTenant(plan.principal.tenant);
+    if (before && cost.costUsd && tenant?.monthlyBudgetUsd != null) {
+      const after = before.spentUsd + cost.costUsd;
+      if (budgetNearCrossed(before.spentUsd, after, tenant.monthlyBudgetUsd) && (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month))) {
+        notices.push(BUDGET_NEAR_NOTICE);
+      }
+    }
+    if (plan.chatCount && plan.mode === 'normal') {
+      await gw.ledger.putHead({
+        conversation: plan.conversation,
+        keyId: plan.principal.keyId,
+        tenant: plan.principal.tenant,
+        model: plan.model,
+        toolHash: plan.toolHash,
+        chain: plan.chain,
+        prefix: plan.chatCount.prefix,
+        lastCostUsd: cost.costUsd,
+        lastPromptTokens: plan.rows.sumTokens,
+        lastOutputTokens: tokens.generated,
+        time: plan.time,
+      });
+    }
+  }
+  return { ...tokens, costUsd: cost.costUsd, savedUsd: cost.savedUsd, notices };
+}
+
+/** The "pricier" notice is decided at planning time, from the conversation's last reply. */
+export function pricierFor(gw: Gateway, plan: Plan): string | null {
+  const head = plan.head;
+  if (!head || head.model === plan.model) return null;
+  return pricierNotice({
+    lastCostUsd: head.lastCostUsd,
+    lastPromptTokens: head.lastPromptTokens,
+    lastOutputTokens: head.lastOutputTokens,
+    newPrice: plan.price,
+    newBilling: plan.upstream.billing,
+  });
+}

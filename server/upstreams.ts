@@ -1,0 +1,70 @@
+// Upstreams: one undici Pool each, created at start and closed at shutdown (STYLE §6). A request's
+// `model` picks its upstream from configuration only — never from anything else in the request.
+
+import { Pool, type Dispatcher } from 'undici';
+import type { Billing, Config, UpstreamConfig } from './config.js';
+
+export interface Upstream {
+  readonly config: UpstreamConfig;
+  readonly name: string;
+  /** Origin (scheme://host:port) the pool connects to. */
+  readonly origin: string;
+  /** Path prefix of the base URL (`/v1` for https://api.openai.com/v1, '' for llama.cpp). */
+  readonly basePath: string;
+  readonly dispatcher: Dispatcher;
+  readonly billing: Billing;
+  /** The upstream's key, read from `apiKeyEnv` at start. Never logged. */
+  readonly apiKey: string | null;
+}
+
+/** `gpt-*` → /^gpt-.*$/ ; only `*` and `?` are special. */
+export function globToRegExp(glob: string): RegExp {
+  const body = glob.replace(/[.+^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*').replace(/\?/g, '.');
+  return new RegExp(`^${body}$`);
+}
+
+export class UpstreamRegistry {
+  readonly list: Upstream[];
+  private readonly matchers: Array<{ pattern: string; re: RegExp; exact: boolean; upstream: Upstream }>;
+
+  constructor(config: Config, env: NodeJS.ProcessEnv = process.env, dispatcherFor?: (u: UpstreamConfig) => Dispatcher) {
+    this.list = config.upstreams.map((u) => {
+      const url = new URL(u.baseUrl);
+      return {
+        config: u,
+        name: u.name,
+        origin: url.origin,
+        basePath: url.pathname.replace(/\/+$/, ''),
+        dispatcher:
+          dispatcherFor?.(u) ??
+          new Pool(url.origin, {
+            connections: u.connections,
+            keepAliveTimeout: 4_000,
+            headersTimeout: u.timeoutMs,
+            bodyTimeout: u.timeoutMs,
+          }),
+        billing: u.billing,
+        apiKey: u.apiKeyEnv ? (env[u.apiKeyEnv] ?? null) : null,
+      };
+    });
+    // Exact names win over patterns; otherwise the first upstream in config order wins.
+    this.matchers = this.list.flatMap((upstream) =>
+      upstream.config.models.map((m) => ({ pattern: m, re: globToRegExp(m), exact: !/[*?]/.test(m), upstream })),
+    );
+  }
+
+  route(model: string): Upstream | null {
+    const exact = this.matchers.find((m) => m.exact && m.re.test(model));
+    if (exact) return exact.upstream;
+    return this.matchers.find((m) => m.re.test(model))?.upstream ?? null;
+  }
+
+  /** Exact (non-pattern) model names configured, with their upstream. */
+  namedModels(): Array<{ model: string; upstream: Upstream }> {
+    return this.matchers.filter((m) => m.exact).map((m) => ({ model: m.pattern, upstream: m.upstream }));
+  }
+
+  async close(): Promise<void> {
+    await Promise.allSettled(this.list.map((u) => u.dispatcher.close()));
+  }
+}

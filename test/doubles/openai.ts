@@ -1,0 +1,151 @@
+// A test double of an OpenAI-compatible provider: real HTTP on 127.0.0.1, OpenAI's response shapes
+// (a stream ends with a `choices: []` usage chunk when include_usage is set, then [DONE]).
+// Generated text is " hi" repeated — one token per word in cl100k/o200k — so counts are exact.
+
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+type Json = Record<string, unknown>;
+
+export interface RecordedRequest {
+  method: string;
+  path: string;
+  headers: IncomingMessage['headers'];
+  body: Json | null;
+}
+
+export interface OpenAiDoubleOptions {
+  /** Tokens to generate per choice (capped by max tokens unless ignoreMaxTokens). Default 8. */
+  completionTokens?: number;
+  ignoreMaxTokens?: boolean;
+  /** Answer with tool calls instead of text (return null to answer with text). */
+  toolCalls?: (body: Json) => Array<{ name: string; arguments: string }> | null;
+  /** Answer every request with this status and body. */
+  failWith?: { status: number; body: unknown };
+  /** Close the connection after this many content chunks of a stream. */
+  dropAfterChunks?: number;
+  delayMs?: number;
+  /** `usage.cost` to report (OpenRouter style). */
+  providerCost?: number;
+  /** prompt_tokens to report; default: a rough count of the request (4 bytes a token). */
+  promptTokens?: (body: Json) => number;
+  cachedTokens?: number;
+  /** Text of each generated token; default " hi". */
+  word?: string;
+}
+
+export interface OpenAiDouble {
+  url: string;
+  requests: RecordedRequest[];
+  options: OpenAiDoubleOptions;
+  close(): Promise<void>;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function readBody(req: IncomingMessage): Promise<Json | null> {
+  const chunks: Buffer[] = [];
+  for await (const c of req) chunks.push(c as Buffer);
+  if (chunks.length === 0) return null;
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString('utf8')) as Json;
+  } catch {
+    return null;
+  }
+}
+
+export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Promise<OpenAiDouble> {
+  const requests: RecordedRequest[] = [];
+  let seq = 0;
+  const server = createServer(async (req, res) => {
+    const body = await readBody(req);
+    const path = (req.url ?? '/').split('?')[0];
+    requests.push({ method: req.method ?? 'GET', path, headers: req.headers, body });
+    const o = options;
+    const json = (status: number, value: unknown) => {
+      res.writeHead(status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(value));
+    };
+    if (o.failWith) return json(o.failWith.status, o.failWith.body);
+    if (req.method === 'GET' && path.endsWith('/models')) return json(200, { object: 'list', data: [{ id: 'gpt-4o-mini', object: 'model' }] });
+    if (req.method !== 'POST' || !body) return json(404, { error: { message: 'not found', type: 'invalid_request_error', code: null } });
+
+    const model = String(body.model ?? 'unknown');
+    const n = typeof body.n === 'number' ? body.n : 1;
+    const max = Number(body.max_completion_tokens ?? body.max_tokens ?? 16);
+    const want = o.completionTokens ?? 8;
+    const count = o.ignoreMaxTokens ? want : Math.min(want, max);
+    const finish = count < want ? 'length' : 'stop';
+    const word = o.word ?? ' hi';
+    const promptTokens = o.promptTokens ? o.promptTokens(body) : Math.ceil(JSON.stringify(body.messages ?? body.prompt ?? body.input ?? '').length / 4);
+    const usage: Json = {
+      prompt_tokens: promptTokens,
+      completion_tokens: path.endsWith('/embeddings') ? 0 : count * n,
+      total_tokens: promptTokens + (path.endsWith('/embeddings') ? 0 : count * n),
+      prompt_tokens_details: { cached_tokens: o.cachedTokens ?? 0 },
+    };
+    if (o.providerCost !== undefined) usage.cost = o.providerCost;
+    const id = `chatcmpl-double-${++seq}`;
+    const created = Math.floor(Date.now() / 1000);
+
+    if (path.endsWith('/embeddings')) {
+      const inputs = Array.isArray(body.input) ? body.input : [body.input];
+      return json(200, { object: 'list', model, data: inputs.map((_, i) => ({ object: 'embedding', index: i, embedding: [0.1, 0.2, 0.3] })), usage });
+    }
+    const isChat = path.endsWith('/chat/completions');
+    const calls = isChat && o.toolCalls ? o.toolCalls(body) : null;
+    const toolCalls = calls?.map((c, i) => ({ id: `call_${seq}_${i}`, type: 'function', function: { name: c.name, arguments: c.arguments } }));
+
+    if (body.stream !== true) {
+      const text = word.repeat(count);
+      const choices = Array.from({ length: n }, (_, index) =>
+        isChat
+          ? {
+              index,
+              message: toolCalls ? { role: 'assistant', content: null, tool_calls: toolCalls } : { role: 'assistant', content: text },
+              finish_reason: toolCalls ? 'tool_calls' : finish,
+            }
+          : { index, text, finish_reason: finish },
+      );
+      return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, usage });
+    }
+
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const send = (v: unknown) => res.write(`data: ${JSON.stringify(v)}\n\n`);
+    const chunk = (choices: Json[]) => ({ id, object: isChat ? 'chat.completion.chunk' : 'text_completion', created, model, choices });
+    if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
+    let sent = 0;
+    if (toolCalls) {
+      send(chunk([{ index: 0, delta: { tool_calls: toolCalls.map((t, i) => ({ index: i, ...t })) }, finish_reason: null }]));
+    } else {
+      for (let t = 0; t < count; t++) {
+        for (let index = 0; index < n; index++) {
+          if (o.dropAfterChunks !== undefined && sent >= o.dropAfterChunks) {
+            res.destroy();
+            return;
+          }
+          send(chunk([isChat ? { index, delta: { content: word }, finish_reason: null } : { index, text: word, finish_reason: null }]));
+          sent++;
+        }
+        if (o.delayMs) await sleep(o.delayMs);
+        if (res.destroyed) return;
+      }
+    }
+    send(chunk(Array.from({ length: n }, (_, index) => (isChat ? { index, delta: {}, finish_reason: toolCalls ? 'tool_calls' : finish } : { index, text: '', finish_reason: finish }))));
+    const so = body.stream_options as Json | undefined;
+    if (so?.include_usage === true) send({ ...chunk([]), usage });
+    res.end('data: [DONE]\n\n');
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    requests,
+    options,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}

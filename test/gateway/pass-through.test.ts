@@ -1,0 +1,69 @@
+// The foundation: the official openai SDK talks to the gateway as if it were OpenAI, and the
+// upstream sees the allowance made explicit, its own key, and none of the client's credentials.
+
+import t from 'tap';
+import OpenAI from 'openai';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+
+t.test('chat, non-streamed, through the openai SDK', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] }, { env: { DOUBLE_KEY: 'sk-upstream' } });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-anything' });
+  const { data, response } = await client.chat.completions
+    .create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 20 })
+    .withResponse();
+  t.equal(data.choices[0].message.content, ' hi hi hi hi hi');
+  // 1. the upstream got its own key, not the client's, and an explicit allowance
+  const seen = upstream.requests.at(-1)!;
+  t.equal(seen.headers.authorization, 'Bearer sk-upstream');
+  t.equal(seen.body?.max_tokens, 20);
+  // 2. charge headers: reserved = prompt charge + allowance; refund = allowance − generated
+  const reserved = Number(response.headers.get('x-tollgate-reserved-tokens'));
+  const charge = Number(response.headers.get('x-tollgate-charge-tokens'));
+  const refund = Number(response.headers.get('x-tollgate-refund-tokens'));
+  t.equal(refund, 15);
+  t.equal(charge + refund, reserved);
+  t.ok(response.headers.get('x-tollgate-conversation'));
+});
+
+t.test('chat, streamed, through the openai SDK', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 4 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-anything' });
+  const stream = await client.chat.completions.create({
+    model: 'gpt-4o',
+    messages: [{ role: 'user', content: 'Say hi' }],
+    max_completion_tokens: 10,
+    stream: true,
+  });
+  let text = '';
+  let usageSeen = false;
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.delta?.content ?? '';
+    if (chunk.usage) usageSeen = true;
+  }
+  t.equal(text, ' hi hi hi hi');
+  t.notOk(usageSeen, 'no usage chunk unless the client asked');
+  const seen = upstream.requests.at(-1)!;
+  t.same(seen.body?.stream_options, { include_usage: true }, 'usage forced on upstream');
+  t.equal(seen.body?.max_completion_tokens, 10);
+});
+
+t.test('unknown model is a 404 model_not_found and reaches no upstream', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'claude-9', messages: [{ role: 'user', content: 'x' }] }),
+  });
+  t.equal(res.status, 404);
+  const body = (await res.json()) as { error: { code: string; param: string } };
+  t.equal(body.error.code, 'model_not_found');
+  t.equal(body.error.param, 'model');
+  t.equal(upstream.requests.length, 0);
+});

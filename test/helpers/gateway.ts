@@ -1,0 +1,72 @@
+// Starts a real gateway for a test: config parsed like the config file, a SQLite ledger on disk in
+// a temp folder, an explicit metrics registry, an injectable clock; listening on 127.0.0.1:0.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { Registry } from 'prom-client';
+import { buildApp } from '../../server/app.js';
+import { parseConfig } from '../../server/config.js';
+import type { Ledger } from '../../metering/ledger.js';
+
+export interface TestGateway {
+  app: FastifyInstance;
+  url: string;
+  ledger: Ledger;
+  registry: Registry;
+  now: { ms: number };
+  dbPath: string;
+}
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+export async function startGateway(
+  t: Teardown,
+  raw: Record<string, unknown>,
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger } = {},
+): Promise<TestGateway> {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
+  const dbPath = join(dir, 'ledger.db');
+  const config = parseConfig({ store: { kind: 'sqlite', path: dbPath }, logging: { level: 'silent' }, ...raw }, {});
+  const registry = new Registry();
+  const now = { ms: Date.parse('2026-11-15T12:00:00Z') };
+  const app = await buildApp({
+    config,
+    registry,
+    env: opts.env ?? { TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
+    clock: opts.clock ? () => now.ms : undefined,
+    ledger: opts.ledger,
+  });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : 0;
+  t.teardown(async () => {
+    await app.close();
+    if (opts.ledger) await opts.ledger.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return { app, url: `http://127.0.0.1:${port}`, ledger: app.gateway.ledger, registry, now, dbPath };
+}
+
+/** A plain upstream entry for the OpenAI double. */
+export function openaiUpstream(url: string, extra: Record<string, unknown> = {}) {
+  return { name: 'openai', kind: 'openai', baseUrl: `${url}/v1`, apiKeyEnv: 'DOUBLE_KEY', models: ['gpt-*'], billing: 'metered', contextWindow: 128000, ...extra };
+}
+
+export function llamaUpstream(url: string, extra: Record<string, unknown> = {}) {
+  return { name: 'local', kind: 'llamacpp', baseUrl: url, models: ['*'], billing: 'local', ...extra };
+}
+
+export async function metricValue(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const metric = (await registry.getMetricsAsJSON()).find((m) => m.name === name);
+  if (!metric) return 0;
+  let sum = 0;
+  for (const v of metric.values as Array<{ value: number; labels: Record<string, string | number>; metricName?: string }>) {
+    if (v.metricName && v.metricName !== name && !v.metricName.endsWith('_sum')) continue;
+    if (Object.entries(labels).every(([k, val]) => String(v.labels[k]) === val)) sum += v.value;
+  }
+  return sum;
+}
