@@ -1,0 +1,26 @@
+# Tollgate: build with the full toolchain, run as a non-root user on the slim image.
+FROM node:24-bookworm AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json ./
+COPY server ./server
+COPY routes ./routes
+COPY metering ./metering
+COPY pricing ./pricing
+RUN npm run build && npm prune --omit=dev
+
+FROM node:24-bookworm-slim
+ENV NODE_ENV=production TOLLGATE_HOST=0.0.0.0 TOLLGATE_PORT=8787
+WORKDIR /app
+COPY --from=build /app/node_modules ./node_modules
+COPY --from=build /app/dist ./dist
+COPY package.json ./
+RUN mkdir -p /data && chown node:node /data
+USER node
+WORKDIR /data
+EXPOSE 8787
+# Listening on 0.0.0.0 needs client keys: mount a config with auth.keys at TOLLGATE_CONFIG.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+  CMD node -e "fetch('http://127.0.0.1:'+(process.env.TOLLGATE_PORT||8787)+'/healthz').then(r=>process.exit(r.ok?0:1)).catch(()=>process.exit(1))"
+CMD ["node", "/app/dist/server/main.js"]
