@@ -1,0 +1,135 @@
+// Size refusals (SPEC §6, §11): exact codes, messages and figures, through the real HTTP path and
+// through /v1/admission (the same envelope), in the fixed order — and nothing reaches the upstream.
+
+import t from 'tap';
+import { get_encoding } from '@dqbd/tiktoken';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
+
+const o200k = get_encoding('o200k_base');
+const tokens = (s: string) => o200k.encode_ordinary(s).length;
+
+type Envelope = { error: Record<string, unknown> };
+
+async function setup(t: Tap.Test, limits: Record<string, number>, upstreamExtra: Record<string, unknown> = {}) {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, upstreamExtra)], limits });
+  const post = async (path: string, body: unknown) => {
+    const res = await fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    return { status: res.status, headers: res.headers, body: (await res.json()) as Envelope & Record<string, unknown> };
+  };
+  /** The real request and the admission verdict for it must agree exactly. */
+  const both = async (endpoint: string, request: Record<string, unknown>) => {
+    const real = await post(endpoint, request);
+    const plan = await post('/v1/admission', { endpoint, request });
+    t.equal(plan.status, 200, 'admission itself answers 200');
+    const verdict = plan.body.verdict as { admit: boolean; status: number; error: Envelope };
+    t.equal(verdict.admit, false);
+    t.equal(verdict.status, real.status, 'same status');
+    t.same(verdict.error, real.body, 'same envelope');
+    t.equal(real.headers.get('x-should-retry'), 'false');
+    return real;
+  };
+  return { upstream, gw, post, both };
+}
+
+t.test('too_many_rows', async (t) => {
+  const { upstream, both } = await setup(t, { maxRows: 4 });
+  const res = await both('/v1/completions', { model: 'gpt-4o', prompt: ['a', 'b', 'c', 'd', 'e'], max_tokens: 1 });
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'too_many_rows');
+  t.equal(res.body.error.message, 'too many rows: 5, the limit is 4');
+  t.equal(res.body.error.rows, 5);
+  t.equal(res.body.error.limit, 4);
+  t.equal(upstream.requests.length, 0, 'the upstream received nothing');
+});
+
+t.test('row_too_large names the row and its tokens', async (t) => {
+  const { upstream, both, gw } = await setup(t, { maxRowTokens: 40 });
+  const big = ' word'.repeat(45);
+  const res = await both('/v1/embeddings', { model: 'gpt-4o', input: ['short', big] });
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'row_too_large');
+  t.equal(res.body.error.message, `too many tokens: one row has ${tokens(big)} tokens, the limit is 40 per row`);
+  t.equal(res.body.error.row_index, 1);
+  t.equal(res.body.error.row_tokens, tokens(big));
+  t.equal(res.body.error.count_method, 'tiktoken:o200k_base');
+  t.equal(upstream.requests.length, 0);
+  t.equal(await metricValue(gw.registry, 'tollgate_refusals_total', { reason: 'row_too_large' }), 1, 'the real refusal is counted; the admission plan is not a refusal');
+});
+
+t.test('request_tokens_exceeded sums the rows', async (t) => {
+  const { upstream, both } = await setup(t, { maxRowTokens: 100, maxRequestTokens: 150 });
+  const row = ' word'.repeat(60);
+  const res = await both('/v1/embeddings', { model: 'gpt-4o', input: [row, row, row] });
+  const sum = 3 * tokens(row);
+  t.equal(res.body.error.code, 'request_tokens_exceeded');
+  t.equal(res.body.error.message, `too many tokens: the rows add up to ${sum} tokens, the limit is 150`);
+  t.equal(res.body.error.sum_tokens, sum);
+  t.equal(upstream.requests.length, 0);
+});
+
+t.test('context_window_exceeded: prompt alone, and prompt plus explicit max_tokens', async (t) => {
+  const { upstream, both, post } = await setup(t, {}, { contextWindow: 64 });
+  const request = { model: 'gpt-4o', messages: [{ role: 'user', content: ' word'.repeat(30) }] };
+  const planned = await post('/v1/admission', { endpoint: '/v1/chat/completions', request });
+  const prompt = (planned.body.row_tokens as number[])[0];
+  t.ok(prompt > 30 && prompt < 64);
+
+  const over = await both('/v1/chat/completions', { ...request, max_tokens: 30 });
+  t.equal(over.body.error.code, 'context_window_exceeded');
+  t.equal(
+    over.body.error.message,
+    `request too large: the prompt needs ${prompt} tokens and max_tokens asks for 30 more, more than the model's context window of 64 tokens`,
+  );
+  t.equal(over.body.error.context_window, 64);
+  t.equal(over.body.error.allowance, 30);
+
+  const tooLong = await both('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: ' word'.repeat(80) }] });
+  t.match(tooLong.body.error.message, /^request too large: the prompt needs \d+ tokens, more than the model's context window of 64 tokens$/);
+
+  // Without max_tokens the allowance is clamped to the room left, and the request goes.
+  const fits = await post('/v1/chat/completions', request);
+  t.equal(fits.status, 200);
+  t.equal(upstream.requests.length, 1);
+  t.equal(upstream.requests[0].body?.max_completion_tokens, 64 - prompt, 'allowance clamped to the window');
+});
+
+t.test('body_too_large counts bytes exactly, before parsing', async (t) => {
+  const { upstream, post } = await setup(t, { maxBodyBytes: 1000 });
+  const body = `{"model":"gpt-4o","x":"${'a'.repeat(1000 - 24)}"}`;
+  t.equal(Buffer.byteLength(body), 1001);
+  const res = await post('/v1/chat/completions', body);
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'body_too_large');
+  t.equal(res.body.error.message, 'request body has 1001 bytes, the limit is 1000');
+  const exact = await post('/v1/chat/completions', body.replace('aa', 'a'));
+  t.equal(exact.status, 400, 'at the limit the body is parsed (and then found invalid)');
+  t.equal(upstream.requests.length, 0);
+});
+
+t.test('the first failing check answers (order of SPEC §11)', async (t) => {
+  const { both } = await setup(t, { maxRows: 2, maxRowTokens: 5 });
+  const res = await both('/v1/completions', { model: 'gpt-4o', prompt: [' word'.repeat(20), 'b', 'c'] });
+  t.equal(res.body.error.code, 'too_many_rows', 'rows before row size');
+});
+
+t.test('bad input is a 400 naming the field, and changes nothing', async (t) => {
+  const { upstream, post, gw } = await setup(t, {});
+  const notJson = await post('/v1/chat/completions', '{"model": "gpt-4o", ');
+  t.equal(notJson.status, 400);
+  t.equal(notJson.body.error.code, 'invalid_json');
+  const wrongType = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'x' }], max_tokens: 'sixteen' });
+  t.equal(wrongType.status, 400);
+  t.equal(wrongType.body.error.param, 'max_tokens');
+  const admission = await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { model: 'gpt-4o', messages: 'nope' } });
+  t.equal(admission.status, 200);
+  t.equal((admission.body.verdict as { status: number }).status, 400);
+  const noEndpoint = await post('/v1/admission', { request: {} });
+  t.equal(noEndpoint.status, 400);
+  t.equal(upstream.requests.length, 0);
+  const rows = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows.length, 0, 'no ledger rows');
+});
