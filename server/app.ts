@@ -63,8 +63,19 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
 
   const ledger = opts.ledger ?? (await openStore(config.store));
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
-  const recovered = await ledger.recoverStale(opts.staleReservationMs ?? 10 * 60_000, clock());
+  // SQLite has one gateway process per file, so every open reservation at start was left by a
+  // crash; replicas sharing PostgreSQL may have requests in flight, so there only old ones count,
+  // swept again every minute (a replica killed mid-request is settled by the others).
+  const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : 10 * 60_000);
+  const recovered = await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
+  const sweep =
+    ledger.kind === 'postgres'
+      ? setInterval(() => {
+          ledger.recoverStale(Math.max(staleMs, 60_000), clock()).catch((err: unknown) => app.log.warn({ err }, 'stale reservation sweep failed'));
+        }, 60_000)
+      : null;
+  sweep?.unref();
   for (const key of config.auth.keys) {
     const existing = await ledger.getTenant(key.tenant);
     if (!existing || (existing.monthlyBudgetUsd === null && key.monthlyBudgetUsd !== null)) {
@@ -104,6 +115,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await app.register(adminRoutes);
 
   app.addHook('onClose', async () => {
+    if (sweep) clearInterval(sweep);
     await upstreams.close();
     if (!opts.ledger) await ledger.close();
   });

@@ -1,0 +1,149 @@
+// The charge of SPEC §4 through the real HTTP path: a shared prefix is not charged again, unused
+// output is refunded, the whole allowance must fit, model or tool changes are charged in full, the
+// budget holds under 200 concurrent requests, and a stream is cut at the allowance.
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import type { LedgerRow } from '../../metering/ledger.js';
+
+type Json = Record<string, unknown>;
+
+function client(url: string) {
+  return async (body: Json, headers: Record<string, string> = {}) => {
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...headers },
+      body: JSON.stringify(body),
+    });
+    const text = await res.text();
+    const h = (n: string) => Number(res.headers.get(n));
+    return {
+      status: res.status,
+      text,
+      json: () => JSON.parse(text) as Json,
+      reserved: h('x-tollgate-reserved-tokens'),
+      charge: h('x-tollgate-charge-tokens'),
+      refund: h('x-tollgate-refund-tokens'),
+      shared: h('x-tollgate-shared-prefix-tokens'),
+      conversation: res.headers.get('x-tollgate-conversation'),
+    };
+  };
+}
+
+async function ledgerRows(gw: { ledger: { exportRows(a: null, b: null): AsyncIterable<LedgerRow> } }) {
+  const rows: LedgerRow[] = [];
+  for await (const r of gw.ledger.exportRows(null, null)) rows.push(r);
+  return rows;
+}
+
+const system = { role: 'system', content: 'You are a careful research assistant. Cite your sources.' };
+
+t.test('a shared prefix is charged once; unused output is refunded', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const send = client(gw.url);
+  // 1. turn one: nothing shared, charged in full
+  const turn1 = { model: 'gpt-4o', max_tokens: 50, messages: [system, { role: 'user', content: 'What is the capital of France? '.repeat(10) }] };
+  const r1 = await send(turn1);
+  t.equal(r1.status, 200);
+  t.equal(r1.shared, 0);
+  t.equal(r1.refund, 47, 'allowance 50, 3 generated');
+  const prompt1 = r1.reserved - 50;
+  t.equal(r1.charge, prompt1 + 3);
+  // 2. turn two (inferred conversation): the leading messages are shared, less 16
+  const turn2 = { ...turn1, messages: [...turn1.messages, { role: 'assistant', content: ' hi hi hi' }, { role: 'user', content: 'And Spain?' }] };
+  const r2 = await send(turn2);
+  t.equal(r2.conversation, r1.conversation, 'conversation inferred from the message list');
+  t.ok(r2.shared > 0);
+  const plan = await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': r1.conversation! }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: turn2 }) })).json() as Json;
+  const total2 = (plan.row_tokens as number[])[0];
+  t.equal(r2.reserved - 50, total2 - (r2.shared - 16), 'prompt charge = prompt − (shared − 16)');
+  t.ok(r2.reserved - 50 < total2 / 2, 'far less than the whole prompt');
+  // 3. a different model or a different tool offer shares nothing
+  const r3 = await send({ ...turn2, model: 'gpt-4o-mini', messages: [...turn2.messages, { role: 'assistant', content: 'x' }, { role: 'user', content: 'y' }] });
+  t.equal(r3.shared, 0, 'model change → full charge');
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+  const r4 = await send({ ...turn2, tools, messages: [...turn2.messages, { role: 'assistant', content: 'x' }, { role: 'user', content: 'z' }] }, { 'x-tollgate-conversation': r1.conversation! });
+  t.equal(r4.shared, 0, 'tool offer change → full charge');
+  // 4. the ledger records charge, refund and the invariant holds per run
+  const rows = await ledgerRows(gw);
+  t.equal(rows.length, 4);
+  for (const row of rows) {
+    t.equal(row.state, 'settled');
+    t.equal(row.reserved_tokens, (row.charge_tokens ?? 0) + (row.refund_tokens ?? 0), 'reserved = charge + refund');
+  }
+});
+
+t.test('the whole allowance must fit before a request starts', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 100 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 300, answerReserveTokens: 10 } });
+  const send = client(gw.url);
+  const body = { model: 'gpt-4o', max_tokens: 100, messages: [{ role: 'user', content: 'Count.' }] };
+  const ok = await send(body, { 'x-tollgate-conversation': 'c-fit' });
+  t.equal(ok.status, 200);
+  // A second request of the same run (same messages) needs prompt + 100; only 300 − (prompt+100) remain.
+  const again = await send({ ...body, max_tokens: 250 }, { 'x-tollgate-conversation': 'c-fit' });
+  t.equal(again.status, 402);
+  const err = again.json().error as Json;
+  t.equal(err.code, 'token_budget_exhausted');
+  t.equal(typeof err.remaining, 'number');
+  t.equal(typeof err.needed, 'number');
+  t.ok((err.needed as number) > (err.remaining as number));
+  t.equal(upstream.requests.length, 1, 'the refused request never reached the upstream');
+});
+
+t.test('200 concurrent requests against a budget that fits exactly K', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 20, delayMs: 1 });
+  t.teardown(upstream.close);
+  const body = { model: 'gpt-4o', max_tokens: 20, messages: [{ role: 'user', content: 'One more round, please.' }] };
+  for (const K of [37, 64, 5]) {
+    // 1. learn what one request needs (prefix cache off: every request is charged in full)
+    const probeGw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { prefixCache: false })] });
+    const probe = (await (await fetch(`${probeGw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { charge: { prompt: number; allowance: number } };
+    const each = probe.charge.prompt + probe.charge.allowance;
+    // 2. a run budget that fits K of them and not K+1
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { prefixCache: false })], runs: { tokenBudget: K * each + each - 1, answerReserveTokens: 0 } });
+    const before = upstream.requests.length;
+    const send = client(gw.url);
+    const results = await Promise.all(Array.from({ length: 200 }, () => send(body, { 'x-tollgate-conversation': `c-burst-${K}` })));
+    t.equal(results.filter((r) => r.status === 200).length, K, `exactly ${K} admitted`);
+    t.equal(results.filter((r) => r.status === 402).length, 200 - K, 'the rest refused with 402');
+    t.equal(upstream.requests.length - before, K, 'only the admitted reached the upstream');
+    // 3. the ledger sums match: remaining = budget − Σcharges + Σrefunds
+    const rows = await ledgerRows(gw);
+    t.equal(rows.length, K);
+    const state = await gw.ledger.getRun(rows[0].run);
+    const charges = rows.reduce((a, r) => a + r.reserved_tokens, 0);
+    const refunds = rows.reduce((a, r) => a + (r.refund_tokens ?? 0), 0);
+    t.equal(state!.usedTokens, charges - refunds);
+    t.ok(state!.usedTokens <= state!.budgetTokens!, 'the budget was never crossed');
+  }
+});
+
+t.test('a stream from an upstream that ignores max_tokens is cut at the allowance', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 40, ignoreMaxTokens: true });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', max_tokens: 7, stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'Talk.' }] }),
+  });
+  const text = await res.text();
+  const events = text.split('\n\n').filter(Boolean);
+  const chunks = events.filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as Json);
+  const content = chunks.map((c) => ((c.choices as Json[])[0]?.delta as Json | undefined)?.content ?? '').join('');
+  t.equal(content, ' hi'.repeat(7), 'no more than the allowance reached the client');
+  const finish = chunks.map((c) => (c.choices as Json[])[0]?.finish_reason).filter(Boolean);
+  t.same(finish, ['length']);
+  const usage = chunks.find((c) => c.usage)?.usage as Json;
+  t.equal(usage.completion_tokens, 7);
+  const comment = events.find((e) => e.startsWith(': tollgate '))!;
+  const settled = JSON.parse(comment.slice(': tollgate '.length)) as Json;
+  t.equal(settled.refund_tokens, 0);
+  t.equal(events.at(-1), 'data: [DONE]');
+  t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')), (settled.charge_tokens as number) + (settled.refund_tokens as number));
+});
