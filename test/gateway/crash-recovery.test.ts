@@ -1,0 +1,96 @@
+// A gateway process killed with SIGKILL under load and started again: every admitted request has
+// its ledger row, no reservation is left open, and the run invariant holds (SPEC §9).
+
+import t from 'tap';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startOpenAiDouble } from '../doubles/openai.js';
+
+const root = new URL('../..', import.meta.url).pathname;
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+function startProcess(configPath: string, port: number): ChildProcess {
+  return spawn(process.execPath, ['--import', 'tsx', join(root, 'server/main.ts')], {
+    cwd: root,
+    env: { ...process.env, TOLLGATE_CONFIG: configPath, TOLLGATE_PORT: String(port), TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+}
+
+async function waitReady(url: string): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    try {
+      if ((await fetch(`${url}/healthz`)).ok) return;
+    } catch {
+      // not yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error('gateway did not start');
+}
+
+t.test('SIGKILL under load, then restart', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 10, delayMs: 15 });
+  t.teardown(upstream.close);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const configPath = join(dir, 'config.json');
+  writeFileSync(
+    configPath,
+    JSON.stringify({
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstream.url}/v1`, models: ['gpt-*'], billing: 'local' }],
+      logging: { level: 'silent' },
+    }),
+  );
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}`;
+  let child = startProcess(configPath, port);
+  t.teardown(() => child.kill('SIGKILL'));
+  await waitReady(url);
+
+  // 1. load: 60 requests, one conversation each, streamed slowly by the upstream
+  const outcomes = Array.from({ length: 60 }, (_, i) =>
+    fetch(`${url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': `crash-${i}` },
+      body: JSON.stringify({ model: 'gpt-4o', max_tokens: 10, messages: [{ role: 'user', content: `question ${i}` }] }),
+    }).then(
+      async (r) => ({ i, status: r.status, body: await r.text().catch(() => '') }),
+      () => ({ i, status: 0, body: '' }),
+    ),
+  );
+  // 2. kill it while requests are in flight
+  while (upstream.requests.length < 20) await new Promise((r) => setTimeout(r, 5));
+  child.kill('SIGKILL');
+  const results = await Promise.all(outcomes);
+  const answered = results.filter((r) => r.status === 200).map((r) => `crash-${r.i}`);
+  t.ok(results.some((r) => r.status === 0), 'some requests were cut by the kill');
+
+  // 3. restart on the same ledger file
+  child = startProcess(configPath, port);
+  await waitReady(url);
+  const ledger = await (await fetch(`${url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } })).text();
+  const rows = ledger.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, number | string | null>);
+  const byConversation = new Map(rows.map((r) => [r.conversation, r]));
+  for (const c of answered) t.ok(byConversation.has(c), `answered request ${c} has its ledger row`);
+  t.equal(rows.filter((r) => r.state === 'reserved').length, 0, 'no reservation left open');
+  t.ok(rows.length >= answered.length);
+  for (const r of rows) {
+    t.equal(r.reserved_tokens, (r.charge_tokens as number) + (r.refund_tokens as number), `row ${r.id}: reserved = charge + refund`);
+    if (r.state === 'recovered') t.equal(r.refund_tokens, 0, 'a crashed request is charged in full');
+  }
+  child.kill('SIGTERM');
+});
