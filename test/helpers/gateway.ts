@@ -65,7 +65,8 @@ export async function metricValue(registry: Registry, name: string, labels: Reco
   if (!metric) return 0;
   let sum = 0;
   for (const v of metric.values as Array<{ value: number; labels: Record<string, string | number>; metricName?: string }>) {
-    if (v.metricName && v.metricName !== name && !v.metricName.endsWith('_sum')) continue;
+    // Histograms: their `_sum` series (bucket and count series are skipped).
+    if (v.metricName && v.metricName !== name && v.metricName !== `${name}_sum`) continue;
     if (Object.entries(labels).every(([k, val]) => String(v.labels[k]) === val)) sum += v.value;
   }
   return sum;

@@ -1,0 +1,232 @@
+// One ledger row as both stores write and read it: the column values of a reservation, of a
+// settlement (real or recovered), and the mapping from a stored record back to `LedgerRow`.
+// Column names match `LedgerRow` except `row_count` (ROWS is a keyword in SQL) and the internal
+// `month` and `plan_work_usd`.
+import type { LedgerRow, ModeName, Reservation, Settlement } from '../ledger.js';
+import { reservedTokens } from './admission-check.js';
+
+export type SqlValue = string | number | null;
+
+/** Values inserted when a request is admitted (state `reserved`). */
+export function reservationColumns(r: Reservation, parent: string | null): Record<string, SqlValue> {
+  return {
+    id: r.id,
+    time: r.time,
+    month: r.month,
+    tenant: r.tenant,
+    key_id: r.keyId,
+    conversation: r.conversation,
+    parent,
+    run: r.run,
+    model: r.model,
+    upstream: r.upstream,
+    endpoint: r.endpoint,
+    mode: r.mode,
+    final_reason: r.finalReason,
+    state: 'reserved',
+    row_count: r.rows,
+    prompt_tokens: r.promptTokens,
+    count_method: r.countMethod,
+    shared_prefix_tokens: r.sharedPrefixTokens,
+    prompt_charge: r.promptCharge,
+    allowance: r.allowance,
+    reserved_tokens: reservedTokens(r),
+    worst_case_usd: r.worstCaseUsd,
+  };
+}
+
+/** A settlement reduced to what the counters and the row need. */
+export interface SettleValues {
+  state: 'settled' | 'recovered';
+  status: number | null;
+  generatedTokens: number;
+  outputMethod: string;
+  chargeTokens: number;
+  refundTokens: number;
+  costUsd: number | null;
+  savedUsd: number | null;
+  planWorkUsd: number | null;
+  billing: string | null;
+  promptTokens: number | null;
+  completionTokens: number | null;
+  cachedTokens: number | null;
+  promptN: number | null;
+  cacheN: number | null;
+  fallback: boolean;
+  finishedAt: number;
+}
+
+/** What a stored row needs to be settled: the amounts it reserved and where. */
+export interface OpenRow {
+  state: string;
+  run: string;
+  conversation: string;
+  parent: string | null;
+  tenant: string;
+  month: string;
+  model: string;
+  prompt_charge: number;
+  allowance: number;
+  reserved_tokens: number;
+  worst_case_usd: number | null;
+}
+
+/**
+ * A client's settlement. The refund is bounded by what was reserved: settlement may give tokens
+ * back but never takes more than admission reserved (SPEC §4).
+ */
+export function fromSettlement(row: OpenRow, s: Settlement): SettleValues {
+  const f = s.upstreamFigures;
+  return {
+    state: 'settled',
+    status: s.status,
+    generatedTokens: s.generatedTokens,
+    outputMethod: s.outputMethod,
+    chargeTokens: s.chargeTokens,
+    refundTokens: Math.max(0, Math.min(s.refundTokens, row.reserved_tokens)),
+    costUsd: s.costUsd,
+    savedUsd: s.savedUsd,
+    planWorkUsd: s.planWorkUsd,
+    billing: s.billing,
+    promptTokens: f.promptTokens,
+    completionTokens: f.completionTokens,
+    cachedTokens: f.cachedTokens,
+    promptN: f.promptN,
+    cacheN: f.cacheN,
+    fallback: s.fallback,
+    finishedAt: s.finishedAt,
+  };
+}
+
+/**
+ * A reservation left open (a crash between admit and settle): charged in full, at its worst-case
+ * cost, so no budget is ever under-counted (ADR 0005).
+ */
+export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
+  return {
+    state: 'recovered',
+    status: null,
+    generatedTokens: row.allowance,
+    outputMethod: 'recovered',
+    chargeTokens: row.prompt_charge + row.allowance,
+    refundTokens: 0,
+    costUsd: row.worst_case_usd,
+    savedUsd: null,
+    planWorkUsd: null,
+    billing: null,
+    promptTokens: null,
+    completionTokens: null,
+    cachedTokens: null,
+    promptN: null,
+    cacheN: null,
+    fallback: false,
+    finishedAt: now,
+  };
+}
+
+/** Values written to the row when it is settled; `fallback` in the store's own boolean form. */
+export function settlementColumns<B>(v: SettleValues, bool: (b: boolean) => B): Record<string, SqlValue | B> {
+  return {
+    state: v.state,
+    status: v.status,
+    generated_tokens: v.generatedTokens,
+    output_method: v.outputMethod,
+    charge_tokens: v.chargeTokens,
+    refund_tokens: v.refundTokens,
+    cost_usd: v.costUsd,
+    saved_usd: v.savedUsd,
+    plan_work_usd: v.planWorkUsd,
+    billing: v.billing,
+    upstream_prompt_tokens: v.promptTokens,
+    upstream_completion_tokens: v.completionTokens,
+    upstream_cached_tokens: v.cachedTokens,
+    upstream_prompt_n: v.promptN,
+    upstream_cache_n: v.cacheN,
+    fallback: bool(v.fallback),
+    finished_at: v.finishedAt,
+  };
+}
+
+// Column lists derived from the mappers themselves, so the SQL can never drift from them.
+const SAMPLE_RESERVATION: Reservation = {
+  id: '', time: 0, tenant: '', keyId: null, conversation: '', parent: null, run: '', model: '',
+  upstream: '', endpoint: '', mode: 'normal', finalReason: null, rows: 0, promptTokens: 0,
+  countMethod: '', sharedPrefixTokens: 0, promptCharge: 0, allowance: 0, runBudgetTokens: null,
+  worstCaseUsd: null, month: '',
+};
+export const RESERVATION_COLUMNS = Object.keys(reservationColumns(SAMPLE_RESERVATION, null));
+const SAMPLE_SETTLEMENT: SettleValues = {
+  state: 'settled', status: null, generatedTokens: 0, outputMethod: '', chargeTokens: 0,
+  refundTokens: 0, costUsd: null, savedUsd: null, planWorkUsd: null, billing: null,
+  promptTokens: null, completionTokens: null, cachedTokens: null, promptN: null, cacheN: null,
+  fallback: false, finishedAt: 0,
+};
+export const SETTLEMENT_COLUMNS = Object.keys(settlementColumns(SAMPLE_SETTLEMENT, (b) => b));
+
+function str(rec: Record<string, unknown>, k: string): string {
+  return String(rec[k]);
+}
+function strOrNull(rec: Record<string, unknown>, k: string): string | null {
+  const v = rec[k];
+  return v === null || v === undefined ? null : String(v);
+}
+function num(rec: Record<string, unknown>, k: string): number {
+  return Number(rec[k]);
+}
+function numOrNull(rec: Record<string, unknown>, k: string): number | null {
+  const v = rec[k];
+  return v === null || v === undefined ? null : Number(v);
+}
+function isoOrNull(rec: Record<string, unknown>, k: string): string | null {
+  const v = numOrNull(rec, k);
+  return v === null ? null : new Date(v).toISOString();
+}
+
+function asState(v: string): LedgerRow['state'] {
+  return v === 'settled' || v === 'recovered' ? v : 'reserved';
+}
+
+/** A stored record (either store) as the exported `LedgerRow`; times become ISO strings. */
+export function toLedgerRow(rec: Record<string, unknown>): LedgerRow {
+  return {
+    id: str(rec, 'id'),
+    time: new Date(num(rec, 'time')).toISOString(),
+    tenant: str(rec, 'tenant'),
+    key_id: strOrNull(rec, 'key_id'),
+    conversation: str(rec, 'conversation'),
+    parent: strOrNull(rec, 'parent'),
+    run: str(rec, 'run'),
+    model: str(rec, 'model'),
+    upstream: str(rec, 'upstream'),
+    endpoint: str(rec, 'endpoint'),
+    mode: str(rec, 'mode') as ModeName,
+    final_reason: strOrNull(rec, 'final_reason'),
+    status: numOrNull(rec, 'status'),
+    state: asState(str(rec, 'state')),
+    rows: num(rec, 'row_count'),
+    prompt_tokens: num(rec, 'prompt_tokens'),
+    count_method: str(rec, 'count_method'),
+    shared_prefix_tokens: num(rec, 'shared_prefix_tokens'),
+    prompt_charge: num(rec, 'prompt_charge'),
+    allowance: num(rec, 'allowance'),
+    reserved_tokens: num(rec, 'reserved_tokens'),
+    generated_tokens: numOrNull(rec, 'generated_tokens'),
+    output_method: strOrNull(rec, 'output_method'),
+    charge_tokens: numOrNull(rec, 'charge_tokens'),
+    refund_tokens: numOrNull(rec, 'refund_tokens'),
+    worst_case_usd: numOrNull(rec, 'worst_case_usd'),
+    cost_usd: numOrNull(rec, 'cost_usd'),
+    saved_usd: numOrNull(rec, 'saved_usd'),
+    billing: strOrNull(rec, 'billing'),
+    upstream_prompt_tokens: numOrNull(rec, 'upstream_prompt_tokens'),
+    upstream_completion_tokens: numOrNull(rec, 'upstream_completion_tokens'),
+    upstream_cached_tokens: numOrNull(rec, 'upstream_cached_tokens'),
+    upstream_prompt_n: numOrNull(rec, 'upstream_prompt_n'),
+    upstream_cache_n: numOrNull(rec, 'upstream_cache_n'),
+    fallback: Boolean(rec.fallback),
+    finished_at: isoOrNull(rec, 'finished_at'),
+  };
+}
+
+/** Rows fetched per page when exporting: keyset pages keep memory flat on any ledger size. */
+export const EXPORT_PAGE = 500;

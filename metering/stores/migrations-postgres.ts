@@ -1,0 +1,157 @@
+// Versioned schema of the PostgreSQL ledger. Each migration runs in its own transaction that
+// first takes a transaction-scoped advisory lock, so replicas starting at once queue up and the
+// second finds the work done. Money is double precision, as in SQLite (ADR 0005).
+import type { PoolClient } from 'pg';
+import type { Migration } from './migrations-sqlite.js';
+
+export const POSTGRES_MIGRATIONS: readonly Migration[] = [
+  {
+    version: 1,
+    sql: `
+CREATE TABLE tenants (
+  id text PRIMARY KEY,
+  monthly_budget_usd double precision
+);
+CREATE TABLE api_keys (
+  id text PRIMARY KEY,
+  tenant text NOT NULL,
+  name text,
+  hash text NOT NULL UNIQUE
+);
+CREATE TABLE conversations (
+  id text PRIMARY KEY,
+  tenant text,
+  parent text,
+  cap_usd double precision,
+  spent_usd double precision NOT NULL DEFAULT 0,
+  saved_usd double precision NOT NULL DEFAULT 0,
+  plan_turns integer NOT NULL DEFAULT 0,
+  plan_work_usd double precision NOT NULL DEFAULT 0,
+  tasks_usd double precision NOT NULL DEFAULT 0,
+  turns integer NOT NULL DEFAULT 0,
+  reserved_usd double precision NOT NULL DEFAULT 0
+);
+CREATE TABLE conversation_models (
+  conversation text NOT NULL,
+  model text NOT NULL,
+  turns integer NOT NULL DEFAULT 0,
+  spent_usd double precision NOT NULL DEFAULT 0,
+  PRIMARY KEY (conversation, model)
+);
+CREATE TABLE runs (
+  id text PRIMARY KEY,
+  conversation text NOT NULL,
+  started_at bigint NOT NULL,
+  budget_tokens bigint,
+  used_tokens bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE tenant_months (
+  tenant text NOT NULL,
+  month text NOT NULL,
+  spent_usd double precision NOT NULL DEFAULT 0,
+  reserved_usd double precision NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant, month)
+);
+CREATE TABLE budget_notices (
+  tenant text NOT NULL,
+  month text NOT NULL,
+  PRIMARY KEY (tenant, month)
+);
+CREATE TABLE heads (
+  conversation text PRIMARY KEY,
+  key_id text,
+  tenant text NOT NULL,
+  model text NOT NULL,
+  tool_hash text NOT NULL,
+  chain jsonb NOT NULL,
+  prefix jsonb NOT NULL,
+  last_hash text NOT NULL,
+  last_cost_usd double precision,
+  last_prompt_tokens integer NOT NULL,
+  last_output_tokens integer NOT NULL,
+  time bigint NOT NULL
+);
+CREATE INDEX heads_by_key ON heads (key_id, last_hash, time);
+CREATE INDEX heads_by_tenant ON heads (tenant, last_hash, time);
+CREATE TABLE ledger_rows (
+  id text PRIMARY KEY,
+  time bigint NOT NULL,
+  month text NOT NULL,
+  tenant text NOT NULL,
+  key_id text,
+  conversation text NOT NULL,
+  parent text,
+  run text NOT NULL,
+  model text NOT NULL,
+  upstream text NOT NULL,
+  endpoint text NOT NULL,
+  mode text NOT NULL,
+  final_reason text,
+  status integer,
+  state text NOT NULL,
+  row_count integer NOT NULL,
+  prompt_tokens integer NOT NULL,
+  count_method text NOT NULL,
+  shared_prefix_tokens integer NOT NULL,
+  prompt_charge integer NOT NULL,
+  allowance integer NOT NULL,
+  reserved_tokens integer NOT NULL,
+  generated_tokens integer,
+  output_method text,
+  charge_tokens integer,
+  refund_tokens integer,
+  worst_case_usd double precision,
+  cost_usd double precision,
+  saved_usd double precision,
+  plan_work_usd double precision,
+  billing text,
+  upstream_prompt_tokens integer,
+  upstream_completion_tokens integer,
+  upstream_cached_tokens integer,
+  upstream_prompt_n integer,
+  upstream_cache_n integer,
+  fallback boolean NOT NULL DEFAULT false,
+  finished_at bigint
+);
+CREATE INDEX ledger_rows_by_time ON ledger_rows (time, id);
+CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
+`,
+  },
+];
+
+/** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */
+export function assertSchemaName(schema: string): void {
+  if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) {
+    throw new Error(`store.schema: must be a lower-case SQL name (letters, digits, _), got "${schema}"`);
+  }
+}
+
+/** Apply pending migrations to `schema` (created if missing). */
+export async function migratePostgres(client: PoolClient, schema: string): Promise<void> {
+  assertSchemaName(schema);
+  for (const m of POSTGRES_MIGRATIONS) {
+    await client.query('BEGIN');
+    try {
+      // Per-schema lock so separate test schemas in one database do not wait on each other.
+      await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`tollgate.migrate.${schema}`]);
+      await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema}`);
+      await client.query(`CREATE TABLE IF NOT EXISTS ${schema}.schema_version (
+        version integer PRIMARY KEY, applied_at bigint NOT NULL)`);
+      const { rows } = await client.query<{ v: number }>(
+        `SELECT COALESCE(MAX(version), 0)::integer AS v FROM ${schema}.schema_version`,
+      );
+      if (rows[0].v < m.version) {
+        await client.query(`SET LOCAL search_path TO ${schema}`);
+        await client.query(m.sql);
+        await client.query(`INSERT INTO ${schema}.schema_version (version, applied_at) VALUES ($1, $2)`, [
+          m.version,
+          Date.now(),
+        ]);
+      }
+      await client.query('COMMIT');
+    } catch (err) {
+      await client.query('ROLLBACK');
+      throw err;
+    }
+  }
+}

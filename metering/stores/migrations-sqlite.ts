@@ -1,0 +1,148 @@
+// Versioned schema of the SQLite ledger. Each migration runs in its own BEGIN IMMEDIATE
+// transaction and re-reads the version inside it, so two processes opening one file at once
+// apply each step exactly once. Append new steps; never edit a released one.
+import type Database from 'better-sqlite3';
+
+export interface Migration {
+  version: number;
+  sql: string;
+}
+
+export const SQLITE_MIGRATIONS: readonly Migration[] = [
+  {
+    version: 1,
+    sql: `
+CREATE TABLE tenants (
+  id TEXT PRIMARY KEY,
+  monthly_budget_usd REAL
+);
+CREATE TABLE api_keys (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  name TEXT,
+  hash TEXT NOT NULL UNIQUE
+);
+-- Counters, not sums over ledger_rows: admission reads a handful of rows whatever the history.
+CREATE TABLE conversations (
+  id TEXT PRIMARY KEY,
+  tenant TEXT,
+  parent TEXT,
+  cap_usd REAL,
+  spent_usd REAL NOT NULL DEFAULT 0,
+  saved_usd REAL NOT NULL DEFAULT 0,
+  plan_turns INTEGER NOT NULL DEFAULT 0,
+  plan_work_usd REAL NOT NULL DEFAULT 0,
+  tasks_usd REAL NOT NULL DEFAULT 0,
+  turns INTEGER NOT NULL DEFAULT 0,
+  reserved_usd REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE conversation_models (
+  conversation TEXT NOT NULL,
+  model TEXT NOT NULL,
+  turns INTEGER NOT NULL DEFAULT 0,
+  spent_usd REAL NOT NULL DEFAULT 0,
+  PRIMARY KEY (conversation, model)
+);
+CREATE TABLE runs (
+  id TEXT PRIMARY KEY,
+  conversation TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  budget_tokens INTEGER,
+  used_tokens INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE tenant_months (
+  tenant TEXT NOT NULL,
+  month TEXT NOT NULL,
+  spent_usd REAL NOT NULL DEFAULT 0,
+  reserved_usd REAL NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant, month)
+);
+CREATE TABLE budget_notices (
+  tenant TEXT NOT NULL,
+  month TEXT NOT NULL,
+  PRIMARY KEY (tenant, month)
+);
+CREATE TABLE heads (
+  conversation TEXT PRIMARY KEY,
+  key_id TEXT,
+  tenant TEXT NOT NULL,
+  model TEXT NOT NULL,
+  tool_hash TEXT NOT NULL,
+  chain TEXT NOT NULL,
+  prefix TEXT NOT NULL,
+  last_hash TEXT NOT NULL,
+  last_cost_usd REAL,
+  last_prompt_tokens INTEGER NOT NULL,
+  last_output_tokens INTEGER NOT NULL,
+  time INTEGER NOT NULL
+);
+-- Conversation inference looks a head up by its last chain hash: indexed, never scanned.
+CREATE INDEX heads_by_key ON heads (key_id, last_hash, time);
+CREATE INDEX heads_by_tenant ON heads (tenant, last_hash, time);
+CREATE TABLE ledger_rows (
+  id TEXT PRIMARY KEY,
+  time INTEGER NOT NULL,
+  month TEXT NOT NULL,
+  tenant TEXT NOT NULL,
+  key_id TEXT,
+  conversation TEXT NOT NULL,
+  parent TEXT,
+  run TEXT NOT NULL,
+  model TEXT NOT NULL,
+  upstream TEXT NOT NULL,
+  endpoint TEXT NOT NULL,
+  mode TEXT NOT NULL,
+  final_reason TEXT,
+  status INTEGER,
+  state TEXT NOT NULL,
+  row_count INTEGER NOT NULL,
+  prompt_tokens INTEGER NOT NULL,
+  count_method TEXT NOT NULL,
+  shared_prefix_tokens INTEGER NOT NULL,
+  prompt_charge INTEGER NOT NULL,
+  allowance INTEGER NOT NULL,
+  reserved_tokens INTEGER NOT NULL,
+  generated_tokens INTEGER,
+  output_method TEXT,
+  charge_tokens INTEGER,
+  refund_tokens INTEGER,
+  worst_case_usd REAL,
+  cost_usd REAL,
+  saved_usd REAL,
+  plan_work_usd REAL,
+  billing TEXT,
+  upstream_prompt_tokens INTEGER,
+  upstream_completion_tokens INTEGER,
+  upstream_cached_tokens INTEGER,
+  upstream_prompt_n INTEGER,
+  upstream_cache_n INTEGER,
+  fallback INTEGER NOT NULL DEFAULT 0,
+  finished_at INTEGER
+);
+CREATE INDEX ledger_rows_by_time ON ledger_rows (time, id);
+-- Recovery only ever looks for open reservations; a partial index stays tiny.
+CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
+`,
+  },
+];
+
+/** Apply every pending migration; returns the schema version afterwards. */
+export function migrateSqlite(db: Database.Database): number {
+  db.exec(`CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY,
+    applied_at INTEGER NOT NULL
+  )`);
+  const current = db.prepare('SELECT COALESCE(MAX(version), 0) AS v FROM schema_version');
+  const record = db.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, ?)');
+  for (const m of SQLITE_MIGRATIONS) {
+    const apply = db.transaction(() => {
+      // Re-read under the write lock: another process may have applied it meanwhile.
+      const { v } = current.get() as { v: number };
+      if (v >= m.version) return;
+      db.exec(m.sql);
+      record.run(m.version, Date.now());
+    });
+    apply.immediate();
+  }
+  return (current.get() as { v: number }).v;
+}

@@ -1,0 +1,149 @@
+// Admission and settlement on PostgreSQL, each run inside one transaction by the store
+// (ADR 0005). Admission locks the rows it checks — run, conversations in id order, tenant month —
+// before reading them, so concurrent admissions on any replica queue on those locks and no
+// read-then-write race can cross a budget. Settlement locks the ledger row first, then the same
+// rows in the same order, so the two never deadlock each other.
+import type pg from 'pg';
+import type { AdmitResult, Reservation } from '../ledger.js';
+import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
+import {
+  RESERVATION_COLUMNS,
+  SETTLEMENT_COLUMNS,
+  reservationColumns,
+  settlementColumns,
+  type OpenRow,
+  type SettleValues,
+} from './ledger-row.js';
+
+type Client = pg.PoolClient;
+
+const INSERT_ROW = `INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
+  VALUES (${RESERVATION_COLUMNS.map((_, i) => `$${i + 1}`).join(', ')})`;
+const SETTLE_ROW = `UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c, i) => `${c} = $${i + 2}`).join(', ')}
+  WHERE id = $1`;
+
+interface ConversationRecord extends MoneyScopeState {
+  id: string;
+}
+
+export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResult> {
+  const parent = effectiveParent(r);
+  const convIds = parent === null ? [r.conversation] : [r.conversation, parent].sort();
+  // 1. Make sure every row exists (no locks taken on rows that already exist).
+  await c.query(
+    `INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id
+     ON CONFLICT (id) DO NOTHING`,
+    [convIds, r.tenant],
+  );
+  await c.query(
+    `INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (id) DO NOTHING`,
+    [r.run, r.conversation, r.time, r.runBudgetTokens],
+  );
+  await c.query('INSERT INTO tenant_months (tenant, month) VALUES ($1, $2) ON CONFLICT DO NOTHING', [
+    r.tenant,
+    r.month,
+  ]);
+  // 2. Lock in a fixed order: run, conversations by id, tenant month.
+  const run = await c.query<{ budget_tokens: number | null; used_tokens: number }>(
+    'SELECT budget_tokens, used_tokens FROM runs WHERE id = $1 FOR UPDATE',
+    [r.run],
+  );
+  const convs = await c.query<ConversationRecord>(
+    `SELECT id, cap_usd AS "capUsd", spent_usd AS "spentUsd", tasks_usd AS "tasksUsd",
+       reserved_usd AS "reservedUsd"
+     FROM conversations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
+    [convIds],
+  );
+  const month = await c.query<{ spent_usd: number; reserved_usd: number }>(
+    'SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = $1 AND month = $2 FOR UPDATE',
+    [r.tenant, r.month],
+  );
+  const tenant = await c.query<{ monthly_budget_usd: number | null }>(
+    'SELECT monthly_budget_usd FROM tenants WHERE id = $1',
+    [r.tenant],
+  );
+  const byId = new Map(convs.rows.map((x) => [x.id, x]));
+  const own = byId.get(r.conversation);
+  if (!own) throw new Error(`conversation ${r.conversation} vanished during admission`);
+  const verdict = checkAdmission(r, {
+    budgetTokens: run.rows[0].budget_tokens,
+    usedTokens: run.rows[0].used_tokens,
+    conversation: own,
+    parent: parent === null ? null : (byId.get(parent) ?? null),
+    monthlyBudgetUsd: tenant.rows[0]?.monthly_budget_usd ?? null,
+    month: { spentUsd: month.rows[0].spent_usd, reservedUsd: month.rows[0].reserved_usd },
+  });
+  // 3. Claim an unowned conversation (a cap set before its first request), as SQLite does
+  // even when the request is refused; then, if admitted, reserve.
+  await c.query(
+    `UPDATE conversations SET tenant = COALESCE(tenant, $2), parent = COALESCE(parent, $3) WHERE id = $1`,
+    [r.conversation, r.tenant, parent],
+  );
+  if (!verdict.ok) return verdict;
+
+  const cols = reservationColumns(r, parent);
+  await c.query(INSERT_ROW, RESERVATION_COLUMNS.map((k) => cols[k]));
+  await c.query('UPDATE runs SET used_tokens = used_tokens + $2 WHERE id = $1', [r.run, reservedTokens(r)]);
+  if (r.worstCaseUsd !== null) {
+    await c.query('UPDATE conversations SET reserved_usd = reserved_usd + $2 WHERE id = ANY($1::text[])', [
+      convIds,
+      r.worstCaseUsd,
+    ]);
+    await c.query(
+      'UPDATE tenant_months SET reserved_usd = reserved_usd + $3 WHERE tenant = $1 AND month = $2',
+      [r.tenant, r.month, r.worstCaseUsd],
+    );
+  }
+  return { ok: true };
+}
+
+export async function settleLocked(
+  c: Client,
+  id: string,
+  build: (row: OpenRow) => SettleValues,
+): Promise<boolean> {
+  const found = await c.query<OpenRow>(
+    `SELECT state, run, conversation, parent, tenant, month, model, prompt_charge, allowance,
+       reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
+    [id],
+  );
+  const row = found.rows[0];
+  if (!row || row.state !== 'reserved') return false;
+  const v = build(row);
+  const w = row.worst_case_usd ?? 0;
+  const cost = v.costUsd ?? 0;
+  await c.query('UPDATE runs SET used_tokens = used_tokens - $2 WHERE id = $1', [row.run, v.refundTokens]);
+  // Conversations in id order, as in admission.
+  const targets = [row.conversation, ...(row.parent === null ? [] : [row.parent])].sort();
+  for (const target of targets) {
+    if (target === row.conversation) {
+      await c.query(
+        `UPDATE conversations SET reserved_usd = reserved_usd - $2, spent_usd = spent_usd + $3,
+           saved_usd = saved_usd + $4, turns = turns + 1, plan_turns = plan_turns + $5,
+           plan_work_usd = plan_work_usd + $6 WHERE id = $1`,
+        [target, w, cost, v.savedUsd ?? 0, v.billing === 'plan' ? 1 : 0, v.planWorkUsd ?? 0],
+      );
+    } else {
+      await c.query(
+        'UPDATE conversations SET reserved_usd = reserved_usd - $2, tasks_usd = tasks_usd + $3 WHERE id = $1',
+        [target, w, cost],
+      );
+    }
+  }
+  await c.query(
+    `INSERT INTO conversation_models (conversation, model, turns, spent_usd) VALUES ($1, $2, 1, $3)
+     ON CONFLICT (conversation, model) DO UPDATE SET turns = conversation_models.turns + 1,
+       spent_usd = conversation_models.spent_usd + excluded.spent_usd`,
+    [row.conversation, row.model, cost],
+  );
+  await c.query(
+    `INSERT INTO tenant_months (tenant, month, spent_usd) VALUES ($1, $2, $4)
+     ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = tenant_months.reserved_usd - $3,
+       spent_usd = tenant_months.spent_usd + $4`,
+    [row.tenant, row.month, w, cost],
+  );
+  const cols = settlementColumns(v, (b) => b);
+  await c.query(SETTLE_ROW, [id, ...SETTLEMENT_COLUMNS.map((k) => cols[k])]);
+  return true;
+}

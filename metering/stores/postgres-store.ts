@@ -1,0 +1,293 @@
+// The PostgreSQL ledger: several gateway replicas sharing budgets (SPEC §9, ADR 0005). This file
+// holds the pool, transactions with retry, and the plain records; the locking admission and
+// settlement are in postgres-budget.ts.
+import pg from 'pg';
+import type {
+  AdmitResult,
+  ConversationHead,
+  ConversationSpend,
+  KeyRecord,
+  Ledger,
+  LedgerRow,
+  Reservation,
+  RunState,
+  Settlement,
+  TenantRecord,
+} from '../ledger.js';
+import { EXPORT_PAGE, fromSettlement, recoveredSettlement, toLedgerRow } from './ledger-row.js';
+import { admitLocked, settleLocked } from './postgres-budget.js';
+import { assertSchemaName, migratePostgres } from './migrations-postgres.js';
+
+export interface PostgresLedgerOptions {
+  url: string;
+  /** Schema holding the tables (default `public`); tests use one per file. */
+  schema?: string;
+  /** Pool size per replica. */
+  maxConnections?: number;
+}
+
+type Client = pg.PoolClient;
+
+const INT8_OID = 20;
+// bigint columns hold ms timestamps and token counts, far below 2^53: read them as numbers.
+// Set on this pool only, not globally, so other pg users in the process are unaffected.
+const types = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+    oid === INT8_OID && format !== 'binary' ? (v: string) => Number(v) : pg.types.getTypeParser(oid, format)) as
+    pg.CustomTypesConfig['getTypeParser'],
+};
+
+/** Serialization failures and deadlocks are safe to retry: the transaction did nothing. */
+const RETRYABLE = new Set(['40001', '40P01']);
+
+function pgCode(err: unknown): string | undefined {
+  if (typeof err === 'object' && err !== null && 'code' in err && typeof err.code === 'string') return err.code;
+  return undefined;
+}
+
+export class PostgresLedger implements Ledger {
+  readonly kind = 'postgres' as const;
+  private readonly pool: pg.Pool;
+  private readonly schema: string;
+
+  constructor(opts: PostgresLedgerOptions) {
+    this.schema = opts.schema ?? 'public';
+    assertSchemaName(this.schema);
+    this.pool = new pg.Pool({
+      connectionString: opts.url,
+      max: opts.maxConnections ?? 10,
+      options: `-c search_path=${this.schema}`,
+      types,
+    });
+  }
+
+  async migrate(): Promise<void> {
+    const client = await this.pool.connect();
+    try {
+      await migratePostgres(client, this.schema);
+    } finally {
+      client.release();
+    }
+  }
+
+  async ping(): Promise<void> {
+    await this.pool.query('SELECT 1');
+  }
+
+  async close(): Promise<void> {
+    // Idempotent, as SQLite's is: shutdown paths may close twice.
+    if (this.pool.ending) return;
+    await this.pool.end();
+  }
+
+  private async tx<T>(fn: (c: Client) => Promise<T>): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      const c = await this.pool.connect();
+      try {
+        await c.query('BEGIN');
+        const out = await fn(c);
+        await c.query('COMMIT');
+        return out;
+      } catch (err) {
+        await c.query('ROLLBACK').catch(() => undefined);
+        if (attempt >= 5 || !RETRYABLE.has(pgCode(err) ?? '')) throw err;
+      } finally {
+        c.release();
+      }
+    }
+  }
+
+  async admit(r: Reservation): Promise<AdmitResult> {
+    return this.tx((c) => admitLocked(c, r));
+  }
+
+  async settle(id: string, s: Settlement): Promise<void> {
+    await this.tx((c) => settleLocked(c, id, (row) => fromSettlement(row, s)));
+  }
+
+  async recoverStale(olderThanMs: number, now: number): Promise<number> {
+    const { rows } = await this.pool.query<{ id: string }>(
+      `SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < $1 ORDER BY time`,
+      [now - olderThanMs],
+    );
+    let recovered = 0;
+    for (const { id } of rows) {
+      // Another replica may recover (or the request settle) the same row: the row lock decides.
+      if (await this.tx((c) => settleLocked(c, id, (row) => recoveredSettlement(row, now)))) recovered++;
+    }
+    return recovered;
+  }
+
+  async getHead(conversation: string): Promise<ConversationHead | null> {
+    const { rows } = await this.pool.query<ConversationHead>(
+      `SELECT conversation, key_id AS "keyId", tenant, model, tool_hash AS "toolHash", chain, prefix,
+         last_cost_usd AS "lastCostUsd", last_prompt_tokens AS "lastPromptTokens",
+         last_output_tokens AS "lastOutputTokens", time
+       FROM heads WHERE conversation = $1`,
+      [conversation],
+    );
+    return rows[0] ?? null;
+  }
+
+  async putHead(h: ConversationHead): Promise<void> {
+    await this.pool.query(
+      `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
+         last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+       VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12)
+       ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
+         model = excluded.model, tool_hash = excluded.tool_hash, chain = excluded.chain,
+         prefix = excluded.prefix, last_hash = excluded.last_hash,
+         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
+         last_output_tokens = excluded.last_output_tokens, time = excluded.time`,
+      [
+        h.conversation,
+        h.keyId,
+        h.tenant,
+        h.model,
+        h.toolHash,
+        JSON.stringify(h.chain),
+        JSON.stringify(h.prefix),
+        h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
+        h.lastCostUsd,
+        h.lastPromptTokens,
+        h.lastOutputTokens,
+        h.time,
+      ],
+    );
+  }
+
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
+    if (chain.length === 0) return null;
+    const { rows } =
+      keyId === null
+        ? await this.pool.query<{ conversation: string }>(
+            `SELECT conversation FROM heads WHERE tenant = $1 AND last_hash = ANY($2::text[])
+             ORDER BY time DESC LIMIT 1`,
+            [tenant, chain],
+          )
+        : await this.pool.query<{ conversation: string }>(
+            `SELECT conversation FROM heads WHERE key_id = $1 AND tenant = $2 AND last_hash = ANY($3::text[])
+             ORDER BY time DESC LIMIT 1`,
+            [keyId, tenant, chain],
+          );
+    return rows[0]?.conversation ?? null;
+  }
+
+  async getRun(run: string): Promise<RunState | null> {
+    const { rows } = await this.pool.query<RunState>(
+      `SELECT id AS run, conversation, started_at AS "startedAt", budget_tokens AS "budgetTokens",
+         used_tokens AS "usedTokens" FROM runs WHERE id = $1`,
+      [run],
+    );
+    return rows[0] ?? null;
+  }
+
+  async conversationSpend(conversation: string): Promise<ConversationSpend | null> {
+    const { rows } = await this.pool.query<Omit<ConversationSpend, 'byModel' | 'tenant'> & { tenant: string | null }>(
+      `SELECT id AS conversation, tenant, parent, spent_usd AS "spentUsd", saved_usd AS "savedUsd",
+         plan_turns AS "planTurns", tasks_usd AS "tasksUsd", reserved_usd AS "reservedUsd", turns,
+         cap_usd AS "capUsd"
+       FROM conversations WHERE id = $1`,
+      [conversation],
+    );
+    const c = rows[0];
+    if (!c) return null;
+    const models = await this.pool.query<{ model: string; turns: number; spent_usd: number }>(
+      'SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = $1 ORDER BY model',
+      [conversation],
+    );
+    const byModel: ConversationSpend['byModel'] = {};
+    for (const m of models.rows) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd };
+    return { ...c, tenant: c.tenant ?? '', byModel };
+  }
+
+  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void> {
+    await this.pool.query(
+      `INSERT INTO conversations (id, tenant, cap_usd) VALUES ($1, $2, $3)
+       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
+         tenant = COALESCE(conversations.tenant, excluded.tenant)`,
+      [conversation, tenant, capUsd],
+    );
+  }
+
+  async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {
+    const { rows } = await this.pool.query<{ spentUsd: number; reservedUsd: number }>(
+      `SELECT spent_usd AS "spentUsd", reserved_usd AS "reservedUsd" FROM tenant_months
+       WHERE tenant = $1 AND month = $2`,
+      [tenant, month],
+    );
+    return rows[0] ?? { spentUsd: 0, reservedUsd: 0 };
+  }
+
+  async claimBudgetNearNotice(tenant: string, month: string): Promise<boolean> {
+    // The primary key decides: of concurrent inserts exactly one reports a row.
+    const res = await this.pool.query(
+      'INSERT INTO budget_notices (tenant, month) VALUES ($1, $2) ON CONFLICT DO NOTHING',
+      [tenant, month],
+    );
+    return res.rowCount === 1;
+  }
+
+  async upsertTenant(t: TenantRecord): Promise<void> {
+    await this.pool.query(
+      `INSERT INTO tenants (id, monthly_budget_usd) VALUES ($1, $2)
+       ON CONFLICT (id) DO UPDATE SET monthly_budget_usd = excluded.monthly_budget_usd`,
+      [t.id, t.monthlyBudgetUsd],
+    );
+  }
+
+  async getTenant(id: string): Promise<TenantRecord | null> {
+    const { rows } = await this.pool.query<TenantRecord>(
+      'SELECT id, monthly_budget_usd AS "monthlyBudgetUsd" FROM tenants WHERE id = $1',
+      [id],
+    );
+    return rows[0] ?? null;
+  }
+
+  async setTenantBudget(id: string, monthlyBudgetUsd: number | null): Promise<boolean> {
+    const res = await this.pool.query('UPDATE tenants SET monthly_budget_usd = $2 WHERE id = $1', [
+      id,
+      monthlyBudgetUsd,
+    ]);
+    return res.rowCount === 1;
+  }
+
+  async createKey(k: KeyRecord & { hash: string }): Promise<void> {
+    await this.pool.query('INSERT INTO api_keys (id, tenant, name, hash) VALUES ($1, $2, $3, $4)', [
+      k.id,
+      k.tenant,
+      k.name,
+      k.hash,
+    ]);
+  }
+
+  async deleteKey(id: string): Promise<boolean> {
+    const res = await this.pool.query('DELETE FROM api_keys WHERE id = $1', [id]);
+    return res.rowCount === 1;
+  }
+
+  async findKeyByHash(hash: string): Promise<KeyRecord | null> {
+    const { rows } = await this.pool.query<KeyRecord>('SELECT id, tenant, name FROM api_keys WHERE hash = $1', [
+      hash,
+    ]);
+    return rows[0] ?? null;
+  }
+
+  async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
+    // Keyset pages: no long-lived cursor or transaction, memory bounded by one page.
+    let after = { time: Number.MIN_SAFE_INTEGER, id: '' };
+    const since = sinceMs ?? Number.MIN_SAFE_INTEGER;
+    const until = untilMs ?? Number.MAX_SAFE_INTEGER;
+    for (;;) {
+      const { rows } = await this.pool.query<Record<string, unknown>>(
+        `SELECT * FROM ledger_rows WHERE time >= $1 AND time < $2 AND (time, id) > ($3, $4)
+         ORDER BY time, id LIMIT $5`,
+        [since, until, after.time, after.id, EXPORT_PAGE],
+      );
+      for (const rec of rows) yield toLedgerRow(rec);
+      if (rows.length < EXPORT_PAGE) return;
+      const last = rows[rows.length - 1];
+      after = { time: Number(last.time), id: String(last.id) };
+    }
+  }
+}

@@ -1,0 +1,81 @@
+// Every statement of the SQLite ledger, prepared once per connection (preparing per call would
+// re-parse SQL on the hot path of every request).
+import type Database from 'better-sqlite3';
+import { RESERVATION_COLUMNS, SETTLEMENT_COLUMNS } from './ledger-row.js';
+
+export function prepareSqlite(db: Database.Database) {
+  const s = (sql: string) => db.prepare(sql);
+  return {
+    claimConversation: s(`INSERT INTO conversations (id, tenant, parent) VALUES (@id, @tenant, @parent)
+      ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
+        parent = COALESCE(conversations.parent, excluded.parent)`),
+    ensureConversation: s(`INSERT INTO conversations (id, tenant) VALUES (@id, @tenant)
+      ON CONFLICT (id) DO NOTHING`),
+    getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
+      tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, turns
+      FROM conversations WHERE id = ?`),
+    addConversationReserved: s('UPDATE conversations SET reserved_usd = reserved_usd + ? WHERE id = ?'),
+    settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
+      spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + 1,
+      plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work
+      WHERE id = @id`),
+    settleParent: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
+      tasks_usd = tasks_usd + @cost WHERE id = @id`),
+    addModelTurn: s(`INSERT INTO conversation_models (conversation, model, turns, spent_usd)
+      VALUES (@conversation, @model, 1, @cost)
+      ON CONFLICT (conversation, model) DO UPDATE SET turns = turns + 1,
+        spent_usd = spent_usd + excluded.spent_usd`),
+    modelSpend: s('SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = ? ORDER BY model'),
+    setCap: s(`INSERT INTO conversations (id, tenant, cap_usd) VALUES (@id, @tenant, @cap)
+      ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
+        tenant = COALESCE(conversations.tenant, excluded.tenant)`),
+
+    ensureRun: s(`INSERT INTO runs (id, conversation, started_at, budget_tokens)
+      VALUES (@id, @conversation, @started_at, @budget_tokens) ON CONFLICT (id) DO NOTHING`),
+    getRun: s('SELECT budget_tokens, used_tokens FROM runs WHERE id = ?'),
+    getRunState: s('SELECT id, conversation, started_at, budget_tokens, used_tokens FROM runs WHERE id = ?'),
+    addRunTokens: s('UPDATE runs SET used_tokens = used_tokens + ? WHERE id = ?'),
+
+    ensureMonth: s('INSERT INTO tenant_months (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
+    getMonth: s('SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = ? AND month = ?'),
+    addMonthReserved: s('UPDATE tenant_months SET reserved_usd = reserved_usd + ? WHERE tenant = ? AND month = ?'),
+    settleMonth: s(`UPDATE tenant_months SET reserved_usd = reserved_usd - @release,
+      spent_usd = spent_usd + @cost WHERE tenant = @tenant AND month = @month`),
+    claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
+
+    getTenant: s('SELECT id, monthly_budget_usd FROM tenants WHERE id = ?'),
+    upsertTenant: s(`INSERT INTO tenants (id, monthly_budget_usd) VALUES (?, ?)
+      ON CONFLICT (id) DO UPDATE SET monthly_budget_usd = excluded.monthly_budget_usd`),
+    setTenantBudget: s('UPDATE tenants SET monthly_budget_usd = ? WHERE id = ?'),
+    createKey: s('INSERT INTO api_keys (id, tenant, name, hash) VALUES (?, ?, ?, ?)'),
+    deleteKey: s('DELETE FROM api_keys WHERE id = ?'),
+    findKey: s('SELECT id, tenant, name FROM api_keys WHERE hash = ?'),
+
+    insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
+      VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),
+    getOpenRow: s(`SELECT state, run, conversation, parent, tenant, month, model, prompt_charge,
+      allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = ?`),
+    settleRow: s(`UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c) => `${c} = @${c}`).join(', ')}
+      WHERE id = @id`),
+    staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < ? ORDER BY time`),
+    exportPage: s(`SELECT * FROM ledger_rows WHERE time >= @since AND time < @until
+      AND (time, id) > (@t, @id) ORDER BY time, id LIMIT @n`),
+
+    getHead: s('SELECT * FROM heads WHERE conversation = ?'),
+    putHead: s(`INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix,
+        last_hash, last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+      VALUES (@conversation, @key_id, @tenant, @model, @tool_hash, @chain, @prefix, @last_hash,
+        @last_cost_usd, @last_prompt_tokens, @last_output_tokens, @time)
+      ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
+        model = excluded.model, tool_hash = excluded.tool_hash, chain = excluded.chain,
+        prefix = excluded.prefix, last_hash = excluded.last_hash,
+        last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
+        last_output_tokens = excluded.last_output_tokens, time = excluded.time`),
+    findByKeyChain: s(`SELECT conversation FROM heads WHERE key_id = ? AND tenant = ?
+      AND last_hash IN (SELECT value FROM json_each(?)) ORDER BY time DESC LIMIT 1`),
+    findByTenantChain: s(`SELECT conversation FROM heads WHERE tenant = ?
+      AND last_hash IN (SELECT value FROM json_each(?)) ORDER BY time DESC LIMIT 1`),
+  };
+}
+
+export type SqliteStatements = ReturnType<typeof prepareSqlite>;

@@ -1,0 +1,321 @@
+// The SQLite ledger: one file on disk, WAL, for a gateway on one machine (SPEC §9, ADR 0005).
+// better-sqlite3 is synchronous, so every admit/settle runs to completion inside one
+// BEGIN IMMEDIATE transaction: the write lock is taken before the counters are read, which makes
+// read-check-write atomic against other connections and other processes on the same file.
+import Database from 'better-sqlite3';
+import type {
+  AdmitResult,
+  ConversationHead,
+  ConversationSpend,
+  KeyRecord,
+  Ledger,
+  LedgerRow,
+  Reservation,
+  RunState,
+  Settlement,
+  TenantRecord,
+} from '../ledger.js';
+import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
+import {
+  EXPORT_PAGE,
+  fromSettlement,
+  recoveredSettlement,
+  reservationColumns,
+  settlementColumns,
+  toLedgerRow,
+  type OpenRow,
+  type SettleValues,
+} from './ledger-row.js';
+import { migrateSqlite } from './migrations-sqlite.js';
+import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
+
+export interface SqliteLedgerOptions {
+  path: string;
+  /** NORMAL (default) survives a killed process; FULL also survives power loss, slower. */
+  synchronous?: 'NORMAL' | 'FULL';
+  /** How long a writer waits for another connection's lock before failing (ms). */
+  busyTimeoutMs?: number;
+}
+
+interface ConversationRecord extends MoneyScopeState {
+  id: string;
+  tenant: string | null;
+  parent: string | null;
+  saved_usd: number;
+  plan_turns: number;
+  turns: number;
+}
+
+interface HeadRecord {
+  conversation: string;
+  key_id: string | null;
+  tenant: string;
+  model: string;
+  tool_hash: string;
+  chain: string;
+  prefix: string;
+  last_cost_usd: number | null;
+  last_prompt_tokens: number;
+  last_output_tokens: number;
+  time: number;
+}
+
+const NO_MONEY: MoneyScopeState = { capUsd: null, spentUsd: 0, tasksUsd: 0, reservedUsd: 0 };
+
+export class SqliteLedger implements Ledger {
+  readonly kind = 'sqlite' as const;
+  private readonly db: Database.Database;
+  private readonly q: SqliteStatements;
+  private readonly admitTx: (r: Reservation) => AdmitResult;
+  private readonly settleTx: (id: string, build: (row: OpenRow) => SettleValues) => boolean;
+
+  constructor(opts: SqliteLedgerOptions) {
+    this.db = new Database(opts.path);
+    this.db.pragma('journal_mode = WAL');
+    this.db.pragma(`synchronous = ${opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL'}`);
+    this.db.pragma(`busy_timeout = ${Math.max(0, Math.floor(opts.busyTimeoutMs ?? 5000))}`);
+    // Statements need the tables, so the schema is brought up to date before they are prepared.
+    migrateSqlite(this.db);
+    this.q = prepareSqlite(this.db);
+    const admit = this.db.transaction((r: Reservation) => this.admitLocked(r));
+    this.admitTx = (r) => admit.immediate(r);
+    const settle = this.db.transaction((id: string, build: (row: OpenRow) => SettleValues) =>
+      this.settleLocked(id, build),
+    );
+    this.settleTx = (id, build) => settle.immediate(id, build);
+  }
+
+  async migrate(): Promise<void> {
+    migrateSqlite(this.db);
+  }
+
+  async ping(): Promise<void> {
+    this.db.prepare('SELECT 1').get();
+  }
+
+  async close(): Promise<void> {
+    if (this.db.open) this.db.close();
+  }
+
+  async admit(r: Reservation): Promise<AdmitResult> {
+    return this.admitTx(r);
+  }
+
+  async settle(id: string, s: Settlement): Promise<void> {
+    this.settleTx(id, (row) => fromSettlement(row, s));
+  }
+
+  async recoverStale(olderThanMs: number, now: number): Promise<number> {
+    const ids = this.q.staleRows.all(now - olderThanMs) as { id: string }[];
+    let recovered = 0;
+    // One transaction per row: a long recovery never holds the write lock for long.
+    for (const { id } of ids) {
+      if (this.settleTx(id, (row) => recoveredSettlement(row, now))) recovered++;
+    }
+    return recovered;
+  }
+
+  private money(id: string): ConversationRecord | undefined {
+    return this.q.getConversation.get(id) as ConversationRecord | undefined;
+  }
+
+  private admitLocked(r: Reservation): AdmitResult {
+    const parent = effectiveParent(r);
+    this.q.claimConversation.run({ id: r.conversation, tenant: r.tenant, parent });
+    if (parent !== null) this.q.ensureConversation.run({ id: parent, tenant: r.tenant });
+    this.q.ensureRun.run({
+      id: r.run,
+      conversation: r.conversation,
+      started_at: r.time,
+      budget_tokens: r.runBudgetTokens,
+    });
+    const run = this.q.getRun.get(r.run) as { budget_tokens: number | null; used_tokens: number };
+    const month = this.q.getMonth.get(r.tenant, r.month) as
+      | { spent_usd: number; reserved_usd: number }
+      | undefined;
+    const tenant = this.q.getTenant.get(r.tenant) as { monthly_budget_usd: number | null } | undefined;
+    const verdict = checkAdmission(r, {
+      budgetTokens: run.budget_tokens,
+      usedTokens: run.used_tokens,
+      conversation: this.money(r.conversation) ?? NO_MONEY,
+      parent: parent === null ? null : (this.money(parent) ?? NO_MONEY),
+      monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null,
+      month: { spentUsd: month?.spent_usd ?? 0, reservedUsd: month?.reserved_usd ?? 0 },
+    });
+    if (!verdict.ok) return verdict;
+
+    this.q.insertRow.run(reservationColumns(r, parent));
+    this.q.addRunTokens.run(reservedTokens(r), r.run);
+    const w = r.worstCaseUsd;
+    if (w !== null) {
+      this.q.addConversationReserved.run(w, r.conversation);
+      if (parent !== null) this.q.addConversationReserved.run(w, parent);
+      this.q.ensureMonth.run(r.tenant, r.month);
+      this.q.addMonthReserved.run(w, r.tenant, r.month);
+    }
+    return { ok: true };
+  }
+
+  /** Settles one open row; false when it was already settled (settling twice is a no-op). */
+  private settleLocked(id: string, build: (row: OpenRow) => SettleValues): boolean {
+    const row = this.q.getOpenRow.get(id) as OpenRow | undefined;
+    if (!row || row.state !== 'reserved') return false;
+    const v = build(row);
+    const w = row.worst_case_usd ?? 0;
+    const cost = v.costUsd ?? 0;
+    this.q.addRunTokens.run(-v.refundTokens, row.run);
+    this.q.settleConversation.run({
+      id: row.conversation,
+      release: w,
+      cost,
+      saved: v.savedUsd ?? 0,
+      plan_turn: v.billing === 'plan' ? 1 : 0,
+      plan_work: v.planWorkUsd ?? 0,
+    });
+    this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
+    if (row.parent !== null) this.q.settleParent.run({ id: row.parent, release: w, cost });
+    this.q.ensureMonth.run(row.tenant, row.month);
+    this.q.settleMonth.run({ tenant: row.tenant, month: row.month, release: w, cost });
+    this.q.settleRow.run({ id, ...settlementColumns(v, (b) => (b ? 1 : 0)) });
+    return true;
+  }
+
+  async getHead(conversation: string): Promise<ConversationHead | null> {
+    const h = this.q.getHead.get(conversation) as HeadRecord | undefined;
+    if (!h) return null;
+    return {
+      conversation: h.conversation,
+      keyId: h.key_id,
+      tenant: h.tenant,
+      model: h.model,
+      toolHash: h.tool_hash,
+      chain: JSON.parse(h.chain) as string[],
+      prefix: JSON.parse(h.prefix) as number[],
+      lastCostUsd: h.last_cost_usd,
+      lastPromptTokens: h.last_prompt_tokens,
+      lastOutputTokens: h.last_output_tokens,
+      time: h.time,
+    };
+  }
+
+  async putHead(h: ConversationHead): Promise<void> {
+    this.q.putHead.run({
+      conversation: h.conversation,
+      key_id: h.keyId,
+      tenant: h.tenant,
+      model: h.model,
+      tool_hash: h.toolHash,
+      chain: JSON.stringify(h.chain),
+      prefix: JSON.stringify(h.prefix),
+      last_hash: h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
+      last_cost_usd: h.lastCostUsd,
+      last_prompt_tokens: h.lastPromptTokens,
+      last_output_tokens: h.lastOutputTokens,
+      time: h.time,
+    });
+  }
+
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
+    if (chain.length === 0) return null;
+    const hashes = JSON.stringify(chain);
+    const hit = (keyId === null
+      ? this.q.findByTenantChain.get(tenant, hashes)
+      : this.q.findByKeyChain.get(keyId, tenant, hashes)) as { conversation: string } | undefined;
+    return hit?.conversation ?? null;
+  }
+
+  async getRun(run: string): Promise<RunState | null> {
+    const r = this.q.getRunState.get(run) as
+      | { id: string; conversation: string; started_at: number; budget_tokens: number | null; used_tokens: number }
+      | undefined;
+    if (!r) return null;
+    return {
+      run: r.id,
+      conversation: r.conversation,
+      startedAt: r.started_at,
+      budgetTokens: r.budget_tokens,
+      usedTokens: r.used_tokens,
+    };
+  }
+
+  async conversationSpend(conversation: string): Promise<ConversationSpend | null> {
+    const c = this.money(conversation);
+    if (!c) return null;
+    const models = this.q.modelSpend.all(conversation) as { model: string; turns: number; spent_usd: number }[];
+    const byModel: ConversationSpend['byModel'] = {};
+    for (const m of models) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd };
+    return {
+      conversation: c.id,
+      // A cap set before the first request leaves the owner unknown: it matches no tenant.
+      tenant: c.tenant ?? '',
+      parent: c.parent,
+      spentUsd: c.spentUsd,
+      savedUsd: c.saved_usd,
+      planTurns: c.plan_turns,
+      tasksUsd: c.tasksUsd,
+      // Includes children's in-flight reservations: they draw on this conversation's cap too.
+      reservedUsd: c.reservedUsd,
+      turns: c.turns,
+      capUsd: c.capUsd,
+      byModel,
+    };
+  }
+
+  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void> {
+    this.q.setCap.run({ id: conversation, tenant, cap: capUsd });
+  }
+
+  async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {
+    const m = this.q.getMonth.get(tenant, month) as { spent_usd: number; reserved_usd: number } | undefined;
+    return { spentUsd: m?.spent_usd ?? 0, reservedUsd: m?.reserved_usd ?? 0 };
+  }
+
+  async claimBudgetNearNotice(tenant: string, month: string): Promise<boolean> {
+    // The primary key makes the claim atomic: only one insert can ever succeed.
+    return this.q.claimNotice.run(tenant, month).changes === 1;
+  }
+
+  async upsertTenant(t: TenantRecord): Promise<void> {
+    this.q.upsertTenant.run(t.id, t.monthlyBudgetUsd);
+  }
+
+  async getTenant(id: string): Promise<TenantRecord | null> {
+    const t = this.q.getTenant.get(id) as { id: string; monthly_budget_usd: number | null } | undefined;
+    return t ? { id: t.id, monthlyBudgetUsd: t.monthly_budget_usd } : null;
+  }
+
+  async setTenantBudget(id: string, monthlyBudgetUsd: number | null): Promise<boolean> {
+    return this.q.setTenantBudget.run(monthlyBudgetUsd, id).changes === 1;
+  }
+
+  async createKey(k: KeyRecord & { hash: string }): Promise<void> {
+    this.q.createKey.run(k.id, k.tenant, k.name, k.hash);
+  }
+
+  async deleteKey(id: string): Promise<boolean> {
+    return this.q.deleteKey.run(id).changes === 1;
+  }
+
+  async findKeyByHash(hash: string): Promise<KeyRecord | null> {
+    const k = this.q.findKey.get(hash) as KeyRecord | undefined;
+    return k ? { id: k.id, tenant: k.tenant, name: k.name } : null;
+  }
+
+  async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
+    // Keyset pages rather than one open cursor: between pages the connection is free for
+    // admissions, and memory stays one page whatever the ledger's size.
+    let after = { time: Number.MIN_SAFE_INTEGER, id: '' };
+    const since = sinceMs ?? Number.MIN_SAFE_INTEGER;
+    const until = untilMs ?? Number.MAX_SAFE_INTEGER;
+    for (;;) {
+      const page = this.q.exportPage.all({ since, until, t: after.time, id: after.id, n: EXPORT_PAGE }) as Record<
+        string,
+        unknown
+      >[];
+      for (const rec of page) yield toLedgerRow(rec);
+      if (page.length < EXPORT_PAGE) return;
+      const last = page[page.length - 1];
+      after = { time: Number(last.time), id: String(last.id) };
+    }
+  }
+}

@@ -1,0 +1,100 @@
+// The gateway in front of a llama.cpp server (the double built from the recorded fixtures):
+// pre-counts equal the server's own prompt_tokens, the turn-1 → turn-2 charge is reported beside the
+// server's prompt_n with the divergence metric, and a 3-row prompt array counts as 3 rows even
+// though llama.cpp's usage reports row 0 only.
+
+import t from 'tap';
+import { readFileSync } from 'node:fs';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { startGateway, llamaUpstream, metricValue } from '../helpers/gateway.js';
+import type { LedgerRow } from '../../metering/ledger.js';
+
+const fixtures = new URL('../../../shared/fixtures/llamacpp/', import.meta.url);
+const fixture = (name: string) => JSON.parse(readFileSync(new URL(name, fixtures), 'utf8')) as Record<string, unknown>;
+
+type Json = Record<string, unknown>;
+
+t.test('turn 1 → turn 2 of the recorded conversation', async (t) => {
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const post = (body: Json) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'recorded' }, body: JSON.stringify(body) });
+
+  const turn1 = fixture('chat-nonstream.request.json');
+  const r1 = await post(turn1);
+  const b1 = (await r1.json()) as { usage: { prompt_tokens: number }; choices: Array<{ message: { content: string } }> };
+  t.equal(r1.status, 200);
+  t.equal(b1.usage.prompt_tokens, 34, 'the server read 34 prompt tokens');
+  t.equal(Number(r1.headers.get('x-tollgate-reserved-tokens')) - 16, 34, 'pre-count 34 + allowance 16');
+  t.equal(r1.headers.get('x-tollgate-count-method'), 'llamacpp');
+
+  const turn2 = fixture('chat-second-turn.request.json');
+  const r2 = await post(turn2);
+  const b2 = (await r2.json()) as { usage: { prompt_tokens: number }; timings: { prompt_n: number; cache_n: number } };
+  t.equal(b2.usage.prompt_tokens, 69);
+  const shared = Number(r2.headers.get('x-tollgate-shared-prefix-tokens'));
+  t.ok(shared > 16 && shared < 34, `system + user turn shared (${shared} tokens), reply priming excluded`);
+  const reserved = Number(r2.headers.get('x-tollgate-reserved-tokens'));
+  t.equal(reserved - 16, 69 - (shared - 16), 'charge = 69 − (shared − 16)');
+
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  const second = rows[1];
+  t.equal(second.prompt_charge, 69 - (shared - 16));
+  t.equal(second.upstream_prompt_tokens, 69);
+  t.equal(second.upstream_prompt_n, b2.timings.prompt_n, "the server's own evaluated count is recorded");
+  t.equal(second.upstream_cache_n, b2.timings.cache_n);
+  const observed = await metricValue(gw.registry, 'tollgate_charge_divergence_tokens');
+  t.equal(observed, 34 - rows[0].upstream_prompt_n! + second.prompt_charge - b2.timings.prompt_n, 'divergence = Σ(charge − prompt_n)');
+});
+
+t.test('pre-counts equal the recorded prompt_tokens', async (t) => {
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  for (const name of ['chat-nonstream', 'chat-second-turn', 'chat-tools', 'chat-other-conversation', 'chat-third-turn-after-interleave']) {
+    const request = fixture(`${name}.request.json`);
+    const recorded = fixture(`${name}.response.json`) as { usage: { prompt_tokens: number } };
+    const res = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) });
+    const plan = (await res.json()) as { row_tokens: number[]; count_method: string };
+    t.equal(plan.row_tokens[0], recorded.usage.prompt_tokens, `${name}: ${recorded.usage.prompt_tokens}`);
+    t.equal(plan.count_method, 'llamacpp');
+  }
+});
+
+t.test('a prompt array of 3 rows is 3 rows, whatever llama.cpp usage says', async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 4 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const body = { model: 'tiny', prompt: ['The quick brown fox', 'jumps over the lazy dog and', 'runs'], max_tokens: 4 };
+  const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/completions', request: body }) })).json()) as Json;
+  t.equal(plan.rows, 3);
+  t.equal((plan.row_tokens as number[]).length, 3);
+  t.equal((plan.charge as Json).allowance, 12, 'allowance = 4 × 3 rows');
+  const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const out = (await res.json()) as { usage: { prompt_tokens: number; completion_tokens: number }; choices: unknown[] };
+  t.equal(out.choices.length, 3);
+  t.ok(out.usage.completion_tokens <= 4, 'llama.cpp reports row 0 only');
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows[0].rows, 3);
+  t.equal(rows[0].prompt_tokens, plan.sum_tokens);
+  t.equal(rows[0].generated_tokens, 12, 'the gateway counted every row’s output itself');
+});
+
+t.test('llama.cpp context overflow passes through, normalised, and refunds everything', async (t) => {
+  const llama = await startLlamaCppDouble({ nCtx: 64 });
+  t.teardown(llama.close);
+  // The window is configured larger than the server's, so the server's own 400 is what answers.
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url, { contextWindow: 100000 })] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: ' word'.repeat(100) }] }) });
+  t.equal(res.status, 400);
+  const body = (await res.json()) as { error: Json };
+  t.equal(body.error.code, 'exceed_context_size_error');
+  t.equal(body.error.type, 'exceed_context_size_error');
+  t.equal(body.error.param, null);
+  t.equal(body.error.n_ctx, 64);
+  t.equal(typeof body.error.n_prompt_tokens, 'number');
+  t.equal(Number(res.headers.get('x-tollgate-charge-tokens')), 0);
+});

@@ -1,0 +1,113 @@
+// Money on every store: conversation caps, a parent's cap shared by its children, the tenant's
+// monthly budget, and the spend each settlement adds up (SPEC §7).
+import t from 'tap';
+import { reservation, settlement, storeFactories } from '../helpers/stores.js';
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: a conversation's cap counts spend and reservations in flight`, async (t) => {
+    const { ledger } = await factory.create(t);
+    // 1. The cap is set before the conversation's first request: the record exists, unowned.
+    await ledger.setConversationCap('conv-cap', null, 1);
+    t.match(await ledger.conversationSpend('conv-cap'), { tenant: '', capUsd: 1, turns: 0 });
+    // 2. Its first request claims it for the tenant.
+    const a = reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 0.6 });
+    t.same(await ledger.admit(a), { ok: true });
+    t.equal((await ledger.conversationSpend('conv-cap'))?.tenant, 'acme');
+    // 3. A second request while the first is in flight: 0.6 reserved + 0.5 > 1.
+    const b = reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 0.5 });
+    t.same(await ledger.admit(b), { ok: false, scope: 'conversation', spentUsd: 0.6, limitUsd: 1, neededUsd: 0.5 });
+    // 4. Settling the first at its real cost frees the difference.
+    await ledger.settle(a.id, settlement(a, 10, { costUsd: 0.25, savedUsd: 0.05 }));
+    t.same(await ledger.admit(b), { ok: true });
+    // 5. A request that costs no money passes a full cap.
+    await ledger.setConversationCap('conv-cap', null, 0.1);
+    t.same(await ledger.admit(reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: null })), { ok: true });
+    t.match(await ledger.admit(reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 0.01 })), {
+      ok: false,
+      scope: 'conversation',
+      limitUsd: 0.1,
+    });
+    // 6. Removing the cap lifts it.
+    await ledger.setConversationCap('conv-cap', 'someone-else', null);
+    t.same(await ledger.admit(reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 5 })), { ok: true });
+    t.equal((await ledger.conversationSpend('conv-cap'))?.tenant, 'acme', 'an owner is never replaced');
+  });
+
+  t.test(`${factory.kind}: a child shares its parent's cap and its spend counts in both`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.setConversationCap('parent', 'acme', 1);
+    const p = reservation({ conversation: 'parent', run: 'p-run', worstCaseUsd: 0.3 });
+    t.same(await ledger.admit(p), { ok: true });
+    await ledger.settle(p.id, settlement(p, 10, { costUsd: 0.3 }));
+    // 1. A child turn reserves against both; its settled cost is the parent's tasks_usd.
+    const c = reservation({ conversation: 'child', parent: 'parent', run: 'c-run', worstCaseUsd: 0.5, model: 'gpt-4.1' });
+    t.same(await ledger.admit(c), { ok: true });
+    t.equal((await ledger.conversationSpend('parent'))?.reservedUsd, 0.5, "in flight on the parent's cap");
+    t.equal((await ledger.conversationSpend('child'))?.reservedUsd, 0.5);
+    await ledger.settle(c.id, settlement(c, 10, { costUsd: 0.4 }));
+    t.equal((await ledger.conversationSpend('parent'))?.reservedUsd, 0, 'released at settlement');
+    t.match(await ledger.conversationSpend('child'), { parent: 'parent', spentUsd: 0.4, turns: 1, tasksUsd: 0 });
+    const parent = await ledger.conversationSpend('parent');
+    t.equal(parent?.spentUsd, 0.3);
+    t.ok(Math.abs((parent?.tasksUsd ?? 0) - 0.4) < 1e-9, 'the child turn counts in the parent');
+    // 2. The parent is at 0.7 of 1: a child needing 0.31 does not start, with the parent's figures.
+    const big = reservation({ conversation: 'child-2', parent: 'parent', run: 'c2', worstCaseUsd: 0.31 });
+    const refusal = await ledger.admit(big);
+    t.match(refusal, { ok: false, scope: 'parent', limitUsd: 1, neededUsd: 0.31 });
+    t.ok(!refusal.ok && refusal.scope !== 'run' && Math.abs(refusal.spentUsd - 0.7) < 1e-9);
+    // 3. The child's own cap is checked before its parent's.
+    await ledger.setConversationCap('child-3', 'acme', 0.05);
+    t.match(await ledger.admit(reservation({ conversation: 'child-3', parent: 'parent', run: 'c3', worstCaseUsd: 0.31 })), {
+      scope: 'conversation',
+    });
+    t.equal((await ledger.tenantMonth('acme', '2025-06')).reservedUsd, 0, 'refusals reserve nothing');
+  });
+
+  t.test(`${factory.kind}: the tenant's monthly budget and the spend it adds up`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 2 });
+    const a = reservation({ run: 'm1', worstCaseUsd: 1.5, month: '2025-06' });
+    t.same(await ledger.admit(a), { ok: true });
+    t.same(await ledger.admit(reservation({ run: 'm1', worstCaseUsd: 0.75 })), {
+      ok: false,
+      scope: 'monthly',
+      spentUsd: 1.5,
+      limitUsd: 2,
+      neededUsd: 0.75,
+    });
+    // Another month is another budget.
+    t.same(await ledger.admit(reservation({ run: 'm2', worstCaseUsd: 0.75, month: '2025-07' })), { ok: true });
+    await ledger.settle(a.id, settlement(a, 5, { costUsd: 0.5 }));
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.5, reservedUsd: 0 });
+    // Lifting the budget (null) admits anything.
+    t.equal(await ledger.setTenantBudget('acme', null), true);
+    t.same(await ledger.admit(reservation({ run: 'm1', worstCaseUsd: 100 })), { ok: true });
+    t.equal(await ledger.setTenantBudget('nobody', 1), false, 'unknown tenant');
+  });
+
+  t.test(`${factory.kind}: spend by model, plan turns, unknown cost`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const turns = [
+      { model: 'gpt-4o', cost: 0.02, billing: 'metered' as const },
+      { model: 'gpt-4o', cost: 0.03, billing: 'metered' as const },
+      { model: 'claude-plan', cost: 0, billing: 'plan' as const },
+      { model: 'llama', cost: null, billing: 'local' as const },
+    ];
+    for (const x of turns) {
+      const r = reservation({ conversation: 'c-models', run: 'r', model: x.model, worstCaseUsd: x.cost === null ? null : 0.1 });
+      t.same(await ledger.admit(r), { ok: true });
+      await ledger.settle(r.id, settlement(r, 5, { costUsd: x.cost, billing: x.billing, planWorkUsd: x.billing === 'plan' ? 0.2 : null }));
+    }
+    const spend = await ledger.conversationSpend('c-models');
+    t.match(spend, { conversation: 'c-models', tenant: 'acme', turns: 4, planTurns: 1, capUsd: null, parent: null });
+    t.ok(Math.abs((spend?.spentUsd ?? 0) - 0.05) < 1e-9);
+    t.equal(spend?.byModel['gpt-4o'].turns, 2);
+    t.ok(Math.abs((spend?.byModel['gpt-4o'].spentUsd ?? 0) - 0.05) < 1e-9);
+    t.same(spend?.byModel['llama'], { turns: 1, spentUsd: 0 }, 'unknown cost counts as no money');
+    t.same(Object.keys(spend?.byModel ?? {}).sort(), ['claude-plan', 'gpt-4o', 'llama']);
+    const rows = [];
+    for await (const row of ledger.exportRows(null, null)) rows.push(row);
+    t.equal(rows.find((r) => r.model === 'llama')?.cost_usd, null, 'the row keeps null, not 0');
+    t.equal(await ledger.conversationSpend('missing'), null);
+  });
+}

@@ -1,0 +1,136 @@
+// Tenants, hashed keys, conversation heads (inference by prefix chain), the ledger export, and
+// migrations, on every store.
+import t from 'tap';
+import { createHash, randomUUID } from 'node:crypto';
+import Database from 'better-sqlite3';
+import pg from 'pg';
+import type { ConversationHead } from '../../metering/ledger.js';
+import { PostgresLedger } from '../../metering/stores/postgres-store.js';
+import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
+
+const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+
+function head(over: Partial<ConversationHead>): ConversationHead {
+  return {
+    conversation: 'c',
+    keyId: 'key-1',
+    tenant: 'acme',
+    model: 'gpt-4o',
+    toolHash: '',
+    chain: ['h1'],
+    prefix: [0, 10],
+    lastCostUsd: null,
+    lastPromptTokens: 10,
+    lastOutputTokens: 5,
+    time: 1000,
+    ...over,
+  };
+}
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: tenants and keys (stored as hashes only)`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 50 });
+    t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: 50 });
+    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+    t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: null }, 'upsert replaces the budget');
+    t.equal(await ledger.getTenant('nobody'), null);
+
+    await ledger.createKey({ id: 'k1', tenant: 'acme', name: 'laptop', hash: sha256('tg-secret-1') });
+    await ledger.createKey({ id: 'k2', tenant: 'acme', name: null, hash: sha256('tg-secret-2') });
+    t.same(await ledger.findKeyByHash(sha256('tg-secret-1')), { id: 'k1', tenant: 'acme', name: 'laptop' });
+    t.same(await ledger.findKeyByHash(sha256('tg-secret-2')), { id: 'k2', tenant: 'acme', name: null });
+    t.equal(await ledger.findKeyByHash('tg-secret-1'), null, 'the plain key is not what is stored');
+    await t.rejects(ledger.createKey({ id: 'k3', tenant: 'acme', name: null, hash: sha256('tg-secret-1') }), 'hashes are unique');
+    t.equal(await ledger.deleteKey('k1'), true);
+    t.equal(await ledger.deleteKey('k1'), false);
+    t.equal(await ledger.findKeyByHash(sha256('tg-secret-1')), null, 'a deleted key no longer authenticates');
+  });
+
+  t.test(`${factory.kind}: heads and conversation inference by prefix chain`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.putHead(head({ conversation: 'c-old', chain: ['a1', 'a2'], time: 1000 }));
+    await ledger.putHead(head({ conversation: 'c-new', chain: ['a1', 'a2'], time: 2000 }));
+    await ledger.putHead(head({ conversation: 'c-other-key', keyId: 'key-2', chain: ['a1', 'a2', 'a3'], time: 3000 }));
+    await ledger.putHead(head({ conversation: 'c-b', chain: ['b1'], prefix: [7, 19], lastCostUsd: 0.01, time: 1500 }));
+    t.same(await ledger.getHead('c-b'), head({ conversation: 'c-b', chain: ['b1'], prefix: [7, 19], lastCostUsd: 0.01, time: 1500 }));
+    t.equal(await ledger.getHead('missing'), null);
+    // 1. A request resending a1,a2 + more: the most recent head of this key ending at a2.
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3', 'a4']), 'c-new');
+    // 2. Only the LAST hash of a head counts: a head a1,a2 is not a prefix of a1 alone.
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1']), null);
+    // 3. Another key's conversation is not inferred; with no key, the tenant's heads are searched.
+    t.equal(await ledger.findConversationByChain('key-2', 'acme', ['a1', 'a2', 'a3', 'a4']), 'c-other-key');
+    t.equal(await ledger.findConversationByChain(null, 'acme', ['a1', 'a2', 'a3']), 'c-other-key');
+    t.equal(await ledger.findConversationByChain('key-1', 'other-tenant', ['a1', 'a2']), null);
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', []), null);
+    // 4. A head moves on: after c-new grows, it no longer ends at a2.
+    await ledger.putHead(head({ conversation: 'c-new', chain: ['a1', 'a2', 'x3'], time: 4000 }));
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-old');
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'x3', 'x4']), 'c-new');
+  });
+
+  t.test(`${factory.kind}: export by time range, in time order, across pages`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const base = Date.UTC(2025, 5, 1);
+    // 1. 1,203 rows (more than two export pages), admitted out of time order.
+    const times = Array.from({ length: 1203 }, (_, i) => base + ((i * 7919) % 1203) * 1000);
+    for (const time of times) {
+      const r = reservation({ time, run: 'export-run', runBudgetTokens: null });
+      await ledger.admit(r);
+      if (time % 2000 === 0) await ledger.settle(r.id, settlement(r, 1));
+    }
+    const all = await collect(ledger.exportRows(null, null));
+    t.equal(all.length, 1203);
+    t.ok(all.every((r, i) => i === 0 || r.time >= all[i - 1].time), 'time order');
+    t.equal(all[0].time, new Date(base).toISOString(), 'ISO times');
+    // 2. since inclusive, until exclusive.
+    const slice = await collect(ledger.exportRows(base + 100_000, base + 700_000));
+    t.equal(slice.length, 600);
+    t.equal(slice[0].time, new Date(base + 100_000).toISOString());
+    t.equal(slice[599].time, new Date(base + 699_000).toISOString());
+    t.equal((await collect(ledger.exportRows(base + 5_000_000, null))).length, 0);
+    t.ok(all.some((r) => r.state === 'settled') && all.some((r) => r.state === 'reserved'));
+  });
+
+  t.test(`${factory.kind}: migrations are idempotent (opened twice, migrated again)`, async (t) => {
+    const store = await factory.create(t);
+    await store.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 3 });
+    const second = await store.reopen();
+    await second.migrate();
+    await store.ledger.migrate();
+    t.same(await second.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: 3 }, 'nothing was recreated');
+    await second.ping();
+    if (store.sqlitePath) {
+      const db = new Database(store.sqlitePath, { readonly: true });
+      t.teardown(() => db.close());
+      t.same(db.prepare('SELECT version FROM schema_version').all(), [{ version: 1 }]);
+      t.equal(db.pragma('journal_mode', { simple: true }), 'wal');
+    }
+  });
+}
+
+const pgUrl = process.env.TOLLGATE_TEST_PG_URL;
+if (pgUrl) {
+  t.test('postgres: replicas migrating at once are serialised by the advisory lock', async (t) => {
+    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+    const replicas = [0, 1, 2, 3].map(() => new PostgresLedger({ url: pgUrl, schema }));
+    t.teardown(async () => {
+      for (const r of replicas) await r.close();
+      const admin = new pg.Client({ connectionString: pgUrl });
+      await admin.connect();
+      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await admin.end();
+    });
+    await Promise.all(replicas.map((r) => r.migrate()));
+    const admin = new pg.Client({ connectionString: pgUrl });
+    await admin.connect();
+    const { rows } = await admin.query(`SELECT version FROM ${schema}.schema_version`);
+    await admin.end();
+    t.same(rows, [{ version: 1 }]);
+    t.same(await replicas[3].admit(reservation({ run: 'after-migrate' })), { ok: true });
+  });
+  t.test('postgres: a schema name that is not a plain SQL name is refused', async (t) => {
+    t.throws(() => new PostgresLedger({ url: pgUrl, schema: 'x; DROP TABLE y' }), /store\.schema/);
+  });
+}

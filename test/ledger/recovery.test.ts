@@ -1,0 +1,44 @@
+// A crash between admission and settlement leaves reservations open; recovery settles the stale
+// ones conservatively (charged in full, at the worst case) and flags them (SPEC §9, ADR 0005).
+import t from 'tap';
+import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: stale reservations are charged in full and flagged`, async (t) => {
+    const store = await factory.create(t);
+    await store.ledger.setConversationCap('parent', 'acme', 10);
+    const now = Date.UTC(2025, 5, 10, 13, 0, 0);
+    // 1. Three requests: two left open by a "crash" long ago, one still in flight, one settled.
+    const old1 = reservation({ run: 'rr', time: now - 600_000, worstCaseUsd: 0.5, parent: 'parent' });
+    const old2 = reservation({ run: 'rr', time: now - 300_000, worstCaseUsd: null, allowance: 70 });
+    const fresh = reservation({ run: 'rr', time: now - 1_000, worstCaseUsd: 0.25 });
+    const done = reservation({ run: 'rr', time: now - 900_000, worstCaseUsd: 0.1 });
+    for (const r of [old1, old2, fresh, done]) t.same(await store.ledger.admit(r), { ok: true });
+    await store.ledger.settle(done.id, settlement(done, 50, { costUsd: 0.1 }));
+    await store.ledger.close(); // the crash
+
+    // 2. A restarted gateway recovers what is older than a minute.
+    const ledger = await store.reopen();
+    t.equal(await ledger.recoverStale(60_000, now), 2);
+    t.equal(await ledger.recoverStale(60_000, now), 0, 'recovery is idempotent');
+    const rows = await collect(ledger.exportRows(null, null));
+    const byId = new Map(rows.map((r) => [r.id, r]));
+    t.match(byId.get(old1.id), { state: 'recovered', charge_tokens: 150, refund_tokens: 0, generated_tokens: 50, cost_usd: 0.5 });
+    t.match(byId.get(old2.id), { state: 'recovered', charge_tokens: 170, refund_tokens: 0, cost_usd: null });
+    t.match(byId.get(fresh.id), { state: 'reserved', charge_tokens: null });
+    // 3. Nothing vanished: the run keeps every charge; money moved from reserved to spent.
+    t.equal((await ledger.getRun('rr'))?.usedTokens, 150 + 170 + 150 + 150);
+    const month = await ledger.tenantMonth('acme', '2025-06');
+    t.ok(Math.abs(month.spentUsd - 0.6) < 1e-9, 'worst case + the settled turn');
+    t.ok(Math.abs(month.reservedUsd - 0.25) < 1e-9, 'only the fresh request is still reserved');
+    const parent = await ledger.conversationSpend('parent');
+    t.ok(Math.abs((parent?.tasksUsd ?? 0) - 0.5) < 1e-9, "the parent's reservation became tasks spend");
+    // 4. A late settlement of a recovered row does not undo the recovery.
+    await ledger.settle(old1.id, settlement(old1, 0, { costUsd: 0 }));
+    t.equal((await ledger.getRun('rr'))?.usedTokens, 620);
+    // 5. The in-flight one still settles normally.
+    await ledger.settle(fresh.id, settlement(fresh, 0, { costUsd: 0 }));
+    t.equal((await ledger.getRun('rr'))?.usedTokens, 570);
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: month.spentUsd, reservedUsd: 0 });
+  });
+}
