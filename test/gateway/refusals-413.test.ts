@@ -1,7 +1,7 @@
 // Size refusals (SPEC §6, §11): exact codes, messages and figures, through the real HTTP path and
 // through /v1/admission (the same envelope), in the fixed order — and nothing reaches the upstream.
 
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
@@ -11,7 +11,7 @@ const tokens = (s: string) => o200k.encode_ordinary(s).length;
 
 type Envelope = { error: Record<string, unknown> };
 
-async function setup(t: Tap.Test, limits: Record<string, number>, upstreamExtra: Record<string, unknown> = {}) {
+async function setup(t: Test, limits: Record<string, number>, upstreamExtra: Record<string, unknown> = {}) {
   const upstream = await startOpenAiDouble();
   t.teardown(upstream.close);
   const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, upstreamExtra)], limits });
