@@ -146,6 +146,14 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const chain = messages ? chainHashes(messages) : [];
   const { conversation, source } = await resolveConversation(gw, headers, principal, chain);
   const parent = header(headers, 'x-tollgate-parent');
+  // A conversation (or parent) named by another tenant is not this tenant's to spend in or read.
+  for (const named of source === 'header' ? [conversation, parent] : [parent]) {
+    if (!named) continue;
+    const owner = (await gw.ledger.conversationSpend(named))?.tenant;
+    if (owner && owner !== principal.tenant) {
+      throw new GatewayError('invalid_request', `conversation "${named}" belongs to another tenant: choose another id`, {}, named === parent ? 'x-tollgate-parent' : 'x-tollgate-conversation');
+    }
+  }
   const head = await gw.ledger.getHead(conversation);
   const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages)}`).slice(0, 32) : `req-${randomUUID()}`;
   const runState = messages ? await gw.ledger.getRun(run) : null;
@@ -177,6 +185,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       runStartedAt: runState?.startedAt ?? null,
       remainingTokens: remaining,
       neededTokens: promptCharge + rows.allowance,
+      // The final request drops the tools and takes its allowance from what the run has left, so
+      // it needs at least one token per choice here; its own prompt is checked below once counted
+      // (SPEC §11: 402 only when even the final answer cannot fit).
+      finalNeededTokens: valid.n,
     });
     if (decision.mode === 'final-answer') {
       mode = 'final-answer';
