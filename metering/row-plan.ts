@@ -1,0 +1,169 @@
+// The rows of a request and the output it may generate (SPEC §1, §11). A row is one prompt the
+// model reads in full: a chat request is one row; a completions `prompt` array or an embeddings
+// `input` array is one row per element. Counting is the counter's job; everything else is pure.
+import type { ChatCount, ChatPrompt, CountMethod, TokenCounter } from './types.js';
+
+export type PlanEndpoint = 'chat' | 'completions' | 'embeddings';
+
+/** One row before counting: text to tokenize, or a pre-tokenized row whose length is its count. */
+export type Row = { kind: 'text'; text: string } | { kind: 'tokens'; length: number };
+
+export class RowShapeError extends Error {
+  constructor(readonly param: string, message: string) {
+    super(message);
+    this.name = 'RowShapeError';
+  }
+}
+
+/**
+ * Rows of a completions `prompt` or an embeddings `input`: a string, an array of strings, an array
+ * of token ids, or an array of token-id arrays. Anything else is a `RowShapeError` naming `param`.
+ */
+export function textRows(value: unknown, param: 'prompt' | 'input'): Row[] {
+  if (typeof value === 'string') return [{ kind: 'text', text: value }];
+  if (!Array.isArray(value)) throw new RowShapeError(param, `${param} must be a string or an array`);
+  if (value.length > 0 && value.every(isTokenId)) return [{ kind: 'tokens', length: value.length }];
+  return value.map((row, i): Row => {
+    if (typeof row === 'string') return { kind: 'text', text: row };
+    if (Array.isArray(row) && row.every(isTokenId)) return { kind: 'tokens', length: row.length };
+    throw new RowShapeError(param, `${param}[${i}] must be a string or an array of token ids`);
+  });
+}
+
+function isTokenId(v: unknown): boolean {
+  return typeof v === 'number' && Number.isInteger(v) && v >= 0;
+}
+
+/** The request fields counting reads (already validated for types by the route's schema). */
+export interface CountRequest {
+  messages?: ChatPrompt['messages'];
+  tools?: ChatPrompt['tools'];
+  tool_choice?: unknown;
+  prompt?: unknown;
+  input?: unknown;
+}
+
+export interface RowCounts {
+  rowTokens: number[];
+  countMethod: CountMethod;
+  upperBound: boolean;
+  /** The chat count with its per-message prefix, for shared-prefix charging (chat only). */
+  chat: ChatCount | null;
+}
+
+/** Count every row of a request with `counter` (the only step that may do I/O: llama.cpp). */
+export async function countRows(
+  kind: PlanEndpoint,
+  model: string,
+  request: CountRequest,
+  counter: TokenCounter,
+  signal?: AbortSignal,
+): Promise<RowCounts> {
+  if (kind === 'chat') {
+    const prompt: ChatPrompt = { model, messages: request.messages ?? [] };
+    if (request.tools !== undefined) prompt.tools = request.tools;
+    if (request.tool_choice !== undefined) prompt.tool_choice = request.tool_choice;
+    const chat = await counter.countChat(prompt, signal);
+    return { rowTokens: [chat.tokens], countMethod: chat.method, upperBound: chat.upperBound, chat };
+  }
+  const rows = kind === 'completions' ? textRows(request.prompt, 'prompt') : textRows(request.input, 'input');
+  const rowTokens: number[] = [];
+  let countMethod: CountMethod = counter.method;
+  let upperBound = false;
+  for (const row of rows) {
+    if (row.kind === 'tokens') {
+      // Token ids are counted by length; the label stays the counter's (SPEC §11).
+      rowTokens.push(row.length);
+      continue;
+    }
+    const c = await counter.countText(row.text, signal);
+    rowTokens.push(c.tokens);
+    // One label for the request: an upper bound in any row makes the sum an upper bound.
+    if (c.upperBound && !upperBound) {
+      upperBound = true;
+      countMethod = c.method;
+    }
+  }
+  return { rowTokens, countMethod, upperBound, chat: null };
+}
+
+export interface RowPlan {
+  rows: number;
+  rowTokens: number[];
+  /** Tokens of the longest row (0 when there are no rows). */
+  longestRow: number;
+  longestRowIndex: number;
+  sumTokens: number;
+  countMethod: CountMethod;
+  upperBound: boolean;
+  /** Output tokens the whole request may generate: per-row allowance × n × rows (chat: × n). */
+  allowance: number;
+  /** True when the client set `max_completion_tokens` / `max_tokens`. */
+  explicitAllowance: boolean;
+  /** What one choice of one row may generate: the figure checked against the context window. */
+  perRowAllowance: number;
+}
+
+export interface RowPlanInput {
+  kind: PlanEndpoint;
+  rowTokens: number[];
+  countMethod: CountMethod;
+  upperBound: boolean;
+  /** `max_completion_tokens ?? max_tokens` as the client sent it; null when it sent neither. */
+  maxTokens: number | null;
+  n: number;
+  /** `defaults.maxTokens`: the per-choice allowance of a request that names none. */
+  defaultMaxTokens: number;
+  /** The model's context window in tokens, when known. */
+  contextWindow: number | null;
+}
+
+/** Totals, longest row and allowance from counted rows. Pure. */
+export function planRows(input: RowPlanInput): RowPlan {
+  const { rowTokens } = input;
+  let longestRow = 0;
+  let longestRowIndex = 0;
+  let sumTokens = 0;
+  rowTokens.forEach((t, i) => {
+    sumTokens += t;
+    if (t > longestRow) {
+      longestRow = t;
+      longestRowIndex = i;
+    }
+  });
+  const a = allowanceFor(input, rowTokens.length, longestRow);
+  return {
+    rows: rowTokens.length,
+    rowTokens,
+    longestRow,
+    longestRowIndex,
+    sumTokens,
+    countMethod: input.countMethod,
+    upperBound: input.upperBound,
+    allowance: a.allowance,
+    explicitAllowance: a.explicit,
+    perRowAllowance: a.perRow,
+  };
+}
+
+/**
+ * SPEC §11: (`max_completion_tokens` ?? `max_tokens` ?? default) × n × rows for completions, × n for
+ * chat, nothing for embeddings. A default allowance is clamped to what the window leaves after the
+ * longest row (so it never causes a refusal by itself); an explicit one is the client's to keep and
+ * is checked against the window instead (size-check.ts).
+ */
+export function allowanceFor(
+  input: Pick<RowPlanInput, 'kind' | 'maxTokens' | 'n' | 'defaultMaxTokens' | 'contextWindow'>,
+  rows: number,
+  longestRow: number,
+): { allowance: number; perRow: number; explicit: boolean } {
+  if (input.kind === 'embeddings') return { allowance: 0, perRow: 0, explicit: false };
+  const explicit = input.maxTokens !== null;
+  let perRow = Math.max(0, input.maxTokens ?? input.defaultMaxTokens);
+  if (!explicit && input.contextWindow !== null) {
+    perRow = Math.min(perRow, Math.max(0, input.contextWindow - longestRow));
+  }
+  const n = Math.max(1, input.n);
+  const allowance = perRow * n * (input.kind === 'completions' ? rows : 1);
+  return { allowance, perRow, explicit };
+}

@@ -1,0 +1,106 @@
+// tiktoken encoders, one per encoding for the life of the process, and a counting function whose
+// time stays linear in the input.
+//
+// Why the split: tiktoken's BPE is quadratic in the length of one pre-token, and a run without
+// whitespace is one pre-token (measured: 40,000 repeated characters ≈ 1.9 s in o200k_base; the time
+// quadruples per doubling). Cutting such runs into pieces of at most MAX_PIECE characters bounds
+// the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum is an
+// upper bound on the true count, and the caller labels it so (SPEC §2, §3).
+import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
+
+/** Longest run (of non-whitespace, or of whitespace) encoded in one piece. */
+export const MAX_PIECE = 256;
+
+/**
+ * Tokens added per cut. A cut is not a free upper bound: it can shift where BPE's merges fall, so
+ * the pieces occasionally tokenize *better* than the whole (`intro xxxx…` loses one token per cut in
+ * o200k_base). Fuzzing both encodings over repeated patterns found at most ~0.92 tokens lost per
+ * cut; 2 per cut keeps the sum above the exact count with room to spare.
+ */
+export const SLACK_PER_CUT = 2;
+
+// A run longer than MAX_PIECE. Ordinary prose never has one, so its counts stay exact.
+// Written as lookahead + backreference (an atomic group) rather than `\S{257,}`: V8 backtracks a
+// greedy counted quantifier position by position, which made a 1 MB run take ~200 ms and a 4 MB
+// run ~700 ms (not linear; measured in bench/RESULTS.md). This form takes < 1 ms per MB.
+const LONG_RUN = new RegExp(`(?=(\\S{${MAX_PIECE + 1}}))\\1\\S*|(?=(\\s{${MAX_PIECE + 1}}))\\2\\s*`, 'g');
+
+// Creating an encoder allocates WASM memory that is only returned by `free()`: keep one per
+// encoding and never free it (SPEC §3).
+const encoders = new Map<string, Tiktoken>();
+
+export function getEncoder(encoding: TiktokenEncoding): Tiktoken {
+  let enc = encoders.get(encoding);
+  if (enc === undefined) {
+    enc = get_encoding(encoding);
+    encoders.set(encoding, enc);
+  }
+  return enc;
+}
+
+export interface PieceCount {
+  tokens: number;
+  /** True when a long run was cut: `tokens` is then an upper bound, not exact. */
+  split: boolean;
+}
+
+// Pieces of a cut run repeat in pathological input (a megabyte of one character is 4,000 copies of
+// the same piece), so remember their counts. Bounded and cleared when full: a cheap memo, not a cache.
+const PIECE_MEMO_LIMIT = 4096;
+const pieceMemo = new Map<string, Map<string, number>>();
+
+function countPiece(enc: Tiktoken, encoding: string, piece: string): number {
+  let memo = pieceMemo.get(encoding);
+  if (memo === undefined) {
+    memo = new Map();
+    pieceMemo.set(encoding, memo);
+  }
+  const known = memo.get(piece);
+  if (known !== undefined) return known;
+  const n = enc.encode_ordinary(piece).length;
+  if (memo.size >= PIECE_MEMO_LIMIT) memo.clear();
+  memo.set(piece, n);
+  return n;
+}
+
+/**
+ * Token count of `text` as user text (`encode_ordinary`: special-token text such as
+ * `<|endoftext|>` is plain text here, never a control token and never an exception).
+ */
+export function countBounded(encoding: TiktokenEncoding, text: string): PieceCount {
+  if (text.length === 0) return { tokens: 0, split: false };
+  const enc = getEncoder(encoding);
+  if (text.length <= MAX_PIECE) return { tokens: enc.encode_ordinary(text).length, split: false };
+
+  let tokens = 0;
+  let split = false;
+  let last = 0;
+  LONG_RUN.lastIndex = 0;
+  for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
+    if (m.index > last) tokens += enc.encode_ordinary(text.slice(last, m.index)).length;
+    tokens += countRun(enc, encoding, m[0]);
+    split = true;
+    last = m.index + m[0].length;
+  }
+  if (last < text.length) tokens += enc.encode_ordinary(last === 0 ? text : text.slice(last)).length;
+  return { tokens, split };
+}
+
+function countRun(enc: Tiktoken, encoding: string, run: string): number {
+  let tokens = 0;
+  let pieces = 0;
+  for (let start = 0; start < run.length; ) {
+    let end = Math.min(start + MAX_PIECE, run.length);
+    // Never cut a surrogate pair in half: that would turn one character into two replacement ones.
+    if (end < run.length && isHighSurrogate(run.charCodeAt(end - 1))) end--;
+    tokens += countPiece(enc, encoding, run.slice(start, end));
+    pieces++;
+    start = end;
+  }
+  // Cuts: between pieces, plus one on each side of the run (the text around it is encoded apart).
+  return tokens + SLACK_PER_CUT * (pieces + 1);
+}
+
+function isHighSurrogate(code: number): boolean {
+  return code >= 0xd800 && code <= 0xdbff;
+}

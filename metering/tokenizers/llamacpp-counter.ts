@@ -1,0 +1,198 @@
+// Exact counts for a llama.cpp upstream, asked of the server itself: its own chat template
+// (`POST /apply-template`) then its own tokenizer (`POST /tokenize`, `add_special: true`). The
+// result equals the server's `usage.prompt_tokens` (fixtures/llamacpp: tokenize-turn1-prompt = 34 =
+// chat-nonstream's prompt_tokens). Network or server failures throw; the caller falls back to the
+// labelled byte estimate (SPEC §3).
+import type { Dispatcher } from 'undici';
+import type { ChatCount, ChatMessage, ChatPrompt, CountMethod, TextCount, TokenCounter } from '../types.js';
+import { cacheKey, sharedTokenCache, type TokenCache } from '../token-cache.js';
+import { estimateTokens } from './byte-estimate.js';
+import { messageBoundaries, tokensBefore, type Piece } from './prompt-boundaries.js';
+
+export class LlamaCppCountError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'LlamaCppCountError';
+  }
+}
+
+export interface LlamaCppCounterOptions {
+  dispatcher: Dispatcher;
+  /** The upstream's base URL, e.g. `http://127.0.0.1:8080` (a trailing `/v1` is ignored). */
+  baseUrl: string;
+  /** Sent as `Authorization: Bearer …` when the server runs with `--api-key`. */
+  apiKey?: string;
+  cache?: TokenCache;
+}
+
+interface Endpoint {
+  origin: string;
+  /** Path prefix of the native endpoints, without a trailing slash ('' at the root). */
+  base: string;
+}
+
+/**
+ * `/apply-template` and `/tokenize` live at the server root, not under `/v1`, so a base URL
+ * written OpenAI-style (`…/v1`) is trimmed back to the root.
+ */
+export function nativeEndpoint(baseUrl: string): Endpoint {
+  const url = new URL(baseUrl);
+  const base = url.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+  return { origin: url.origin, base };
+}
+
+export async function postJson<T>(
+  dispatcher: Dispatcher,
+  baseUrl: string,
+  path: string,
+  body: unknown,
+  opts: { apiKey?: string; signal?: AbortSignal; method?: 'GET' | 'POST' } = {},
+): Promise<T> {
+  const { origin, base } = nativeEndpoint(baseUrl);
+  const method = opts.method ?? 'POST';
+  const headers: Record<string, string> = { accept: 'application/json' };
+  if (method === 'POST') headers['content-type'] = 'application/json';
+  if (opts.apiKey !== undefined) headers.authorization = `Bearer ${opts.apiKey}`;
+  let res: Dispatcher.ResponseData;
+  try {
+    res = await dispatcher.request({
+      origin,
+      path: base + path,
+      method,
+      headers,
+      body: method === 'POST' ? JSON.stringify(body) : undefined,
+      signal: opts.signal,
+    });
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    throw new LlamaCppCountError(`llama.cpp ${method} ${path} at ${origin}${base} failed: ${reason}`, {
+      cause: err,
+    });
+  }
+  const text = await res.body.text();
+  if (res.statusCode !== 200) {
+    throw new LlamaCppCountError(
+      `llama.cpp ${method} ${path} at ${origin}${base} answered ${res.statusCode}: ${text.slice(0, 200)}`,
+    );
+  }
+  try {
+    return JSON.parse(text) as T;
+  } catch (err) {
+    throw new LlamaCppCountError(`llama.cpp ${method} ${path} answered invalid JSON`, { cause: err });
+  }
+}
+
+interface TokenizeResponse {
+  tokens: Array<number | Piece>;
+}
+
+export class LlamaCppCounter implements TokenCounter {
+  readonly method: CountMethod = 'llamacpp';
+  private readonly opts: LlamaCppCounterOptions;
+  private readonly cache: TokenCache;
+  private readonly chatCounts = new Map<string, ChatCount>();
+
+  constructor(opts: LlamaCppCounterOptions) {
+    this.opts = opts;
+    this.cache = opts.cache ?? sharedTokenCache;
+  }
+
+  /**
+   * Two HTTP calls: render once, tokenize once with pieces. The pieces give each token's byte span
+   * in the prompt, so every `prefix[k]` comes from the same tokenization without more calls.
+   */
+  async countChat(prompt: ChatPrompt, signal?: AbortSignal): Promise<ChatCount> {
+    const body: { messages: ChatMessage[]; tools?: unknown } = { messages: prompt.messages };
+    if (prompt.tools !== undefined && prompt.tools.length > 0) body.tools = prompt.tools;
+    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:chat`, body);
+    const known = this.chatCounts.get(key);
+    if (known !== undefined) {
+      // Refresh recency: the small map is an LRU of whole prompts (retries, admission previews).
+      this.chatCounts.delete(key);
+      this.chatCounts.set(key, known);
+      return known;
+    }
+
+    const rendered = await this.call<{ prompt?: unknown }>('/apply-template', body, signal);
+    if (typeof rendered.prompt !== 'string') {
+      throw new LlamaCppCountError('llama.cpp /apply-template returned no prompt');
+    }
+    const tok = await this.call<TokenizeResponse>(
+      '/tokenize',
+      { content: rendered.prompt, add_special: true, with_pieces: true },
+      signal,
+    );
+    const pieces = tok.tokens.filter((t): t is Piece => typeof t === 'object' && t !== null);
+    if (pieces.length !== tok.tokens.length) throw new LlamaCppCountError('llama.cpp /tokenize ignored with_pieces');
+
+    // Offsets in the rendered prompt: [start of message 0's text, end of message 0's text, …].
+    // prefix[0] is only what precedes the first message's text: conservative, because a shared
+    // prefix may be counted low but never high (SPEC §4).
+    const bounds = messageBoundaries(rendered.prompt, prompt.messages);
+    const counted = tokensBefore(rendered.prompt, pieces, bounds);
+    const prefix = [counted[0]];
+    for (let k = 0; k < prompt.messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));
+    const result: ChatCount = { tokens: pieces.length, prefix, method: this.method, upperBound: false };
+    this.remember(key, result);
+    return result;
+  }
+
+  async countText(text: string, signal?: AbortSignal): Promise<TextCount> {
+    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:text`, text);
+    const hit = this.cache.get(key);
+    if (hit !== undefined) return { tokens: hit.tokens, method: this.method, upperBound: false };
+    const tok = await this.call<TokenizeResponse>('/tokenize', { content: text, add_special: true }, signal);
+    if (!Array.isArray(tok.tokens)) throw new LlamaCppCountError('llama.cpp /tokenize returned no tokens');
+    this.cache.set(key, { tokens: tok.tokens.length, upperBound: false });
+    return { tokens: tok.tokens.length, method: this.method, upperBound: false };
+  }
+
+  /**
+   * Output must be counted synchronously as bytes stream by, and the server's tokenizer is behind
+   * HTTP: this is the byte estimate. Streams from llama.cpp carry their own usage (forced on).
+   */
+  countOutput(text: string): number {
+    return estimateTokens(text);
+  }
+
+  private call<T>(path: string, body: unknown, signal?: AbortSignal): Promise<T> {
+    return postJson<T>(this.opts.dispatcher, this.opts.baseUrl, path, body, { apiKey: this.opts.apiKey, signal });
+  }
+
+  private remember(key: string, value: ChatCount): void {
+    this.chatCounts.set(key, value);
+    if (this.chatCounts.size > 256) {
+      const oldest = this.chatCounts.keys().next();
+      if (oldest.done !== true) this.chatCounts.delete(oldest.value);
+    }
+  }
+}
+
+interface PropsResponse {
+  default_generation_settings?: { n_ctx?: unknown };
+}
+
+const contextWindows = new Map<string, number | null>();
+
+/**
+ * The per-slot context window: `GET /props` → `default_generation_settings.n_ctx`. Not a top-level
+ * `n_ctx` (there is none) and not the `-c` total, which `--parallel N` splits over N slots
+ * (fixtures/llamacpp p2-props: 2048 with `-c 4096 --parallel 2`). Cached per base URL; pass
+ * `refresh` after the upstream restarts.
+ */
+export async function fetchContextWindow(
+  dispatcher: Dispatcher,
+  baseUrl: string,
+  opts: { refresh?: boolean; apiKey?: string; signal?: AbortSignal } = {},
+): Promise<number | null> {
+  if (opts.refresh !== true && contextWindows.has(baseUrl)) return contextWindows.get(baseUrl) ?? null;
+  const props = await postJson<PropsResponse>(dispatcher, baseUrl, '/props', undefined, {
+    method: 'GET',
+    apiKey: opts.apiKey,
+    signal: opts.signal,
+  });
+  const n = props.default_generation_settings?.n_ctx;
+  const window = typeof n === 'number' && Number.isInteger(n) && n > 0 ? n : null;
+  contextWindows.set(baseUrl, window);
+  return window;
+}

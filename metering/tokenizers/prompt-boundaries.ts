@@ -1,0 +1,101 @@
+// Where each message ends in a prompt rendered by a server's own chat template, and how many of
+// the server's tokens lie wholly before each of those points. Used for `ChatCount.prefix` of
+// llama.cpp upstreams, where the template is the server's and we only see its output.
+//
+// Everything here errs low: a shared prefix may be undercounted (the client is charged a little
+// more) but never overcounted (SPEC §4: credit only what is really shared).
+import type { ChatMessage } from '../types.js';
+
+/** One token of `POST /tokenize` with `with_pieces: true`: its text, or its bytes when not UTF-8. */
+export interface Piece {
+  id: number;
+  piece: string | number[];
+}
+
+/**
+ * Character offsets `[start of message 0's text, end of message 0's text, …, end of message n−1's]`
+ * (length n + 1). Each message's own text (content, then tool-call names) is searched in order from
+ * the previous end. A first occurrence can only be at or before the true one, so every offset is
+ * at or before the true boundary. Text the template rewrites (tool-call arguments re-serialised)
+ * is not searched; a message with nothing findable ends where the previous one did.
+ */
+export function messageBoundaries(prompt: string, messages: ChatMessage[]): number[] {
+  const anchors = messages.map(anchorsOf);
+  const firstAnchor = anchors[0]?.[0];
+  const firstAt = firstAnchor === undefined ? -1 : prompt.indexOf(firstAnchor);
+  const bounds = [firstAt >= 0 ? firstAt : 0];
+  let cursor = bounds[0];
+  for (const list of anchors) {
+    for (const anchor of list) {
+      const at = prompt.indexOf(anchor, cursor);
+      if (at < 0) break;
+      cursor = at + anchor.length;
+    }
+    bounds.push(cursor);
+  }
+  return bounds;
+}
+
+function anchorsOf(message: ChatMessage): string[] {
+  const out: string[] = [];
+  const content = message.content;
+  if (typeof content === 'string') out.push(content);
+  else if (Array.isArray(content)) {
+    for (const part of content) if (typeof part.text === 'string') out.push(part.text);
+  }
+  for (const call of message.tool_calls ?? []) {
+    if (typeof call.function?.name === 'string') out.push(call.function.name);
+  }
+  return out.filter((s) => s.length > 0);
+}
+
+/**
+ * For each character offset, the number of tokens that end at or before it. Tokens are aligned to
+ * the prompt's UTF-8 bytes; a token whose bytes are not in the text (a BOS the server adds) is
+ * zero-width; once two tokens in a row fail to align, later tokens are not counted at all.
+ */
+export function tokensBefore(prompt: string, pieces: Piece[], offsets: number[]): number[] {
+  const bytes = Buffer.from(prompt, 'utf8');
+  const tokenEnds: number[] = [];
+  let pos = 0;
+  let misses = 0;
+  for (const p of pieces) {
+    const piece = pieceBytes(p.piece);
+    let matched = matchAt(bytes, pos, piece);
+    // SentencePiece vocabularies report a leading space for a word at the start of the text.
+    if (!matched && piece.length > 1 && piece[0] === 0x20) {
+      const trimmed = piece.subarray(1);
+      if (matchAt(bytes, pos, trimmed)) {
+        matched = true;
+        pos += trimmed.length;
+      }
+    } else if (matched) pos += piece.length;
+    if (matched) misses = 0;
+    else if (++misses >= 2) {
+      tokenEnds.pop(); // the previous unaligned token was not a zero-width one after all
+      break;
+    }
+    tokenEnds.push(pos);
+  }
+  // Offsets are non-decreasing: sweep once, converting characters to bytes incrementally.
+  const counts: number[] = [];
+  let n = 0;
+  let prevChar = 0;
+  let limit = 0;
+  for (const charOffset of offsets) {
+    limit += Buffer.byteLength(prompt.slice(prevChar, Math.max(prevChar, charOffset)), 'utf8');
+    prevChar = Math.max(prevChar, charOffset);
+    while (n < tokenEnds.length && tokenEnds[n] <= limit) n++;
+    counts.push(n);
+  }
+  return counts;
+}
+
+function pieceBytes(piece: string | number[]): Buffer {
+  return typeof piece === 'string' ? Buffer.from(piece, 'utf8') : Buffer.from(piece);
+}
+
+function matchAt(text: Buffer, pos: number, piece: Buffer): boolean {
+  if (piece.length === 0 || pos + piece.length > text.length) return false;
+  return text.compare(piece, 0, piece.length, pos, pos + piece.length) === 0;
+}

@@ -1,0 +1,129 @@
+import t from 'tap';
+import { Pool, request } from 'undici';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { fetchContextWindow, LlamaCppCounter, LlamaCppCountError } from '../../metering/tokenizers/llamacpp-counter.js';
+import { TokenCache } from '../../metering/token-cache.js';
+import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+
+const SYSTEM: ChatMessage = { role: 'system', content: 'You are a terse assistant. Answer in one short sentence.' };
+const USER: ChatMessage = { role: 'user', content: 'What is the capital of France?' };
+const TOOLS: ToolDefinition[] = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'Get the current weather for a city',
+      parameters: { type: 'object', properties: { city: { type: 'string', description: 'City name' } }, required: ['city'] },
+    },
+  },
+];
+
+async function setup(t: { teardown(fn: () => unknown): void }, opts = {}) {
+  const double = await startLlamaCppDouble(opts);
+  const pool = new Pool(double.url);
+  t.teardown(async () => {
+    await pool.close();
+    await double.close();
+  });
+  const counter = new LlamaCppCounter({ dispatcher: pool, baseUrl: double.url, cache: new TokenCache() });
+  return { double, pool, counter };
+}
+
+t.test('chat count equals the server usage.prompt_tokens, in two calls', async (t) => {
+  const { double, counter } = await setup(t);
+  const c = await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER] });
+  t.equal(c.tokens, 34, 'as recorded: tokenize-turn1-prompt and chat-nonstream');
+  t.equal(c.method, 'llamacpp');
+  t.equal(c.upperBound, false);
+  t.same(double.requests.map((r) => r.path), ['/apply-template', '/tokenize']);
+  const withTools = await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER], tools: TOOLS });
+  t.equal(withTools.tokens, 208, 'as recorded: chat-tools');
+  // The same prompt again is answered from the cache, without HTTP.
+  await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER] });
+  t.equal(double.requests.length, 4);
+  // And it matches what the server then reports.
+  const res = await request(`${double.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ messages: [SYSTEM, USER], max_tokens: 2 }) });
+  const usage = ((await res.body.json()) as { usage: { prompt_tokens: number } }).usage;
+  t.equal(usage.prompt_tokens, c.tokens);
+});
+
+t.test('prefix[k] never exceeds the tokens the next turn really shares', async (t) => {
+  const { double, counter } = await setup(t);
+  const turn1 = [SYSTEM, USER];
+  const reply: ChatMessage = { role: 'assistant', content: 'Paris.' };
+  const turn2 = [...turn1, reply, { role: 'user', content: 'And what river flows through it?' }];
+  const c1 = await counter.countChat({ model: 'tiny', messages: turn1 });
+  const c2 = await counter.countChat({ model: 'tiny', messages: turn2 });
+  t.equal(c1.prefix.length, 3);
+  t.equal(c2.prefix.length, 5);
+  // 1. monotone, 2. below the whole prompt, 3. the two turns agree on the messages they share.
+  for (let k = 1; k < c2.prefix.length; k++) t.ok(c2.prefix[k] >= c2.prefix[k - 1]);
+  t.ok(c2.prefix[4] < c2.tokens);
+  t.equal(c1.prefix[2], c2.prefix[2]);
+  // 4. the shared prefix is at most the token LCP of the two rendered prompts.
+  const p1 = double.tokenize('<|im_start|>system\nYou are a terse assistant. Answer in one short sentence.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n');
+  t.equal(p1.length, 34);
+  t.ok(c2.prefix[2] <= 34);
+  // "<|im_start|>system\n" + the system text ends at token 16; the user text at token 28.
+  t.equal(c1.prefix[1], 16);
+  t.equal(c1.prefix[2], 28);
+});
+
+t.test('tool-call history: boundaries still found, conservative where text is re-serialised', async (t) => {
+  const { counter } = await setup(t);
+  const messages: ChatMessage[] = [
+    SYSTEM,
+    USER,
+    { role: 'assistant', content: '', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 18}' },
+  ];
+  const c = await counter.countChat({ model: 'tiny', messages, tools: TOOLS });
+  for (let k = 1; k < c.prefix.length; k++) t.ok(c.prefix[k] >= c.prefix[k - 1]);
+  t.ok(c.prefix[4] > c.prefix[2], 'the tool result is found after the call');
+  t.ok(c.prefix[4] < c.tokens);
+});
+
+t.test('text rows use /tokenize with add_special', async (t) => {
+  const { double, counter } = await setup(t);
+  const c = await counter.countText('First prompt row.');
+  t.same(c, { tokens: 4, method: 'llamacpp', upperBound: false });
+  t.same(double.requests[0].body, { content: 'First prompt row.', add_special: true });
+  await counter.countText('First prompt row.');
+  t.equal(double.requests.length, 1, 'cached by content hash');
+});
+
+t.test('context window is the per-slot n_ctx from /props, cached and refreshable', async (t) => {
+  const { double, pool } = await setup(t, { nCtx: 2048 });
+  t.equal(await fetchContextWindow(pool, double.url), 2048);
+  t.equal(await fetchContextWindow(pool, double.url), 2048);
+  t.equal(double.requests.length, 1);
+  t.equal(await fetchContextWindow(pool, double.url, { refresh: true }), 2048);
+  t.equal(double.requests.length, 2);
+  // An OpenAI-style base URL ending in /v1 still reaches the native endpoint.
+  t.equal(await fetchContextWindow(pool, `${double.url}/v1`), 2048);
+});
+
+t.test('a server that is down surfaces as a clear LlamaCppCountError', async (t) => {
+  const { double, pool } = await setup(t);
+  const url = double.url;
+  await double.close();
+  const counter = new LlamaCppCounter({ dispatcher: pool, baseUrl: url, cache: new TokenCache() });
+  const err = await counter.countChat({ model: 'tiny', messages: [USER] }).then(
+    () => null,
+    (e: unknown) => e,
+  );
+  t.type(err, LlamaCppCountError);
+  t.match((err as Error).message, /llama\.cpp POST \/apply-template at http:\/\/127\.0\.0\.1:\d+ failed/);
+  await t.rejects(counter.countText('hi'), LlamaCppCountError);
+});
+
+t.test('a server error status is thrown with its status', async (t) => {
+  const double = await startLlamaCppDouble();
+  const pool = new Pool(double.url);
+  t.teardown(async () => {
+    await pool.close();
+    await double.close();
+  });
+  const counter = new LlamaCppCounter({ dispatcher: pool, baseUrl: `${double.url}/nothing-here`, cache: new TokenCache() });
+  await t.rejects(counter.countText('hi'), /answered 404/);
+});

@@ -1,0 +1,227 @@
+import t from 'tap';
+import { get_encoding } from '@dqbd/tiktoken';
+import { encodingForModel, TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
+import { countBounded, MAX_PIECE } from '../../metering/tokenizers/bounded-encode.js';
+import { TokenCache } from '../../metering/token-cache.js';
+import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+
+// The OpenAI cookbook "How to count tokens with tiktoken": its six example messages and its
+// get_current_weather tool example, with the counts the API itself reported.
+const COOKBOOK_MESSAGES: ChatMessage[] = [
+  {
+    role: 'system',
+    content: 'You are a helpful, pattern-following assistant that translates corporate jargon into plain English.',
+  },
+  { role: 'system', name: 'example_user', content: 'New synergies will help drive top-line growth.' },
+  { role: 'system', name: 'example_assistant', content: 'Things working well together will increase revenue.' },
+  {
+    role: 'system',
+    name: 'example_user',
+    content: "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
+  },
+  { role: 'system', name: 'example_assistant', content: "Let's talk later when we're less busy about how to do better." },
+  { role: 'user', content: "This late pivot means we don't have time to boil the ocean for the client deliverable." },
+];
+
+const WEATHER_TOOLS: ToolDefinition[] = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_current_weather',
+      description: 'Get the current weather in a given location',
+      parameters: {
+        type: 'object',
+        properties: {
+          location: { type: 'string', description: 'The city and state, e.g. San Francisco, CA' },
+          unit: { type: 'string', description: 'The unit of temperature to return', enum: ['celsius', 'fahrenheit'] },
+        },
+        required: ['location'],
+      },
+    },
+  },
+];
+const WEATHER_MESSAGES: ChatMessage[] = [
+  { role: 'system', content: 'You are a helpful assistant that can answer to questions about the weather.' },
+  { role: 'user', content: "What's the weather like in San Francisco?" },
+];
+
+function counterFor(model: string, cache = new TokenCache()): TiktokenCounter {
+  const c = TiktokenCounter.forModel(model, { cache });
+  if (c === null) throw new Error(`no counter for ${model}`);
+  return c;
+}
+
+t.test('encoding is chosen by model-name prefix', async (t) => {
+  const cases: Array<[string, string | null]> = [
+    ['gpt-4o', 'o200k_base'],
+    ['gpt-4o-mini-2024-07-18', 'o200k_base'],
+    ['chatgpt-4o-latest', 'o200k_base'],
+    ['gpt-4.1-nano', 'o200k_base'],
+    ['gpt-4.5-preview', 'o200k_base'],
+    ['gpt-5-mini', 'o200k_base'],
+    ['o1-preview', 'o200k_base'],
+    ['o3-mini', 'o200k_base'],
+    ['o4-mini-2025-04-16', 'o200k_base'],
+    ['gpt-oss-120b', 'o200k_base'],
+    ['openai/gpt-4o', 'o200k_base'],
+    ['gpt-4-0613', 'cl100k_base'],
+    ['gpt-4-turbo', 'cl100k_base'],
+    ['gpt-3.5-turbo-0125', 'cl100k_base'],
+    ['text-embedding-3-small', 'cl100k_base'],
+    ['text-embedding-ada-002', 'cl100k_base'],
+    ['llama-3.1-8b', null],
+    ['claude-3-5-sonnet', null],
+    ['tiny', null],
+  ];
+  for (const [model, enc] of cases) t.equal(encodingForModel(model), enc, model);
+});
+
+t.test('cookbook example messages: 129 on gpt-4/3.5, 124 on gpt-4o', async (t) => {
+  for (const [model, expected] of [
+    ['gpt-4-0613', 129],
+    ['gpt-3.5-turbo-0125', 129],
+    ['gpt-4o', 124],
+    ['gpt-4o-mini', 124],
+  ] as const) {
+    const c = await counterFor(model).countChat({ model, messages: COOKBOOK_MESSAGES });
+    t.equal(c.tokens, expected, model);
+    t.equal(c.upperBound, false);
+    t.match(c.method, /^tiktoken:(o200k|cl100k)_base$/);
+  }
+});
+
+t.test('cookbook tool example: 105 on gpt-4/3.5, 101 on gpt-4o family', async (t) => {
+  for (const [model, expected] of [
+    ['gpt-4', 105],
+    ['gpt-3.5-turbo', 105],
+    ['gpt-4o', 101],
+    ['gpt-4o-mini', 101],
+  ] as const) {
+    const c = await counterFor(model).countChat({ model, messages: WEATHER_MESSAGES, tools: WEATHER_TOOLS });
+    t.equal(c.tokens, expected, model);
+  }
+});
+
+t.test('prefix[k] = tools + first k messages, tokens = prefix[n] + 3', async (t) => {
+  const model = 'gpt-4o';
+  const counter = counterFor(model);
+  const withTools = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: WEATHER_TOOLS });
+  const noTools = await counter.countChat({ model, messages: WEATHER_MESSAGES });
+  const toolsShare = withTools.prefix[0];
+  t.ok(toolsShare > 0);
+  t.equal(noTools.prefix[0], 0);
+  t.equal(withTools.prefix.length, WEATHER_MESSAGES.length + 1);
+  t.same(
+    withTools.prefix.map((p) => p - toolsShare),
+    noTools.prefix,
+  );
+  t.equal(withTools.tokens, withTools.prefix[2] + 3);
+  // Each message's share: 3 + role + content, as the cookbook counts it.
+  const enc = get_encoding('o200k_base');
+  t.teardown(() => enc.free());
+  const first = 3 + enc.encode('system').length + enc.encode(WEATHER_MESSAGES[0].content as string).length;
+  t.equal(noTools.prefix[1], first);
+});
+
+t.test('per-message cache: turn N tokenizes only the messages it added', async (t) => {
+  const cache = new TokenCache();
+  const model = 'gpt-4o';
+  const counter = counterFor(model, cache);
+  const turn1: ChatMessage[] = [
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'Name a prime.' },
+  ];
+  await counter.countChat({ model, messages: turn1 });
+  t.equal(cache.stats().misses, 2);
+  t.equal(cache.stats().hits, 0);
+  const turn2 = [...turn1, { role: 'assistant', content: 'Seven.' }, { role: 'user', content: 'Another.' }];
+  const c2 = await counter.countChat({ model, messages: turn2 });
+  // 1. the two old messages are hits, 2. only the two new ones are counted.
+  t.equal(cache.stats().hits, 2);
+  t.equal(cache.stats().misses, 4);
+  // Key order does not matter: the same message is the same entry.
+  await counter.countChat({ model, messages: [{ content: 'Be brief.', role: 'system' }] });
+  t.equal(cache.stats().hits, 3);
+  // And cached counts equal fresh ones.
+  const fresh = await counterFor(model).countChat({ model, messages: turn2 });
+  t.same(c2, fresh);
+});
+
+t.test('special-token text in user content is plain text, not an exception', async (t) => {
+  const model = 'gpt-4o';
+  const c = await counterFor(model).countText('before <|endoftext|> after');
+  t.ok(c.tokens > 3);
+  t.equal(c.method, 'tiktoken:o200k_base');
+});
+
+t.test('content parts, names and tool calls are counted; tool_call_id is not', async (t) => {
+  const model = 'gpt-4o';
+  const counter = counterFor(model);
+  const plain = await counter.countChat({ model, messages: [{ role: 'user', content: 'hello there' }] });
+  const parts = await counter.countChat({
+    model,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'hello there' }] }],
+  });
+  t.equal(parts.tokens, plain.tokens);
+  const withImage = await counter.countChat({
+    model,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'hello there' }, { type: 'image_url', image_url: { url: 'x' } }] }],
+  });
+  t.equal(withImage.tokens, plain.tokens + 85);
+  const a = await counter.countChat({ model, messages: [{ role: 'tool', content: '42', tool_call_id: 'call_1' }] });
+  const b = await counter.countChat({ model, messages: [{ role: 'tool', content: '42', tool_call_id: 'call_999999999' }] });
+  t.equal(a.tokens, b.tokens);
+  const call = await counter.countChat({
+    model,
+    messages: [{ role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] }],
+  });
+  const noCall = await counter.countChat({ model, messages: [{ role: 'assistant', content: null }] });
+  t.ok(call.tokens > noCall.tokens + 3);
+});
+
+t.test('pathological runs are split: labelled upper bound, never below the exact count', async (t) => {
+  const model = 'gpt-4o';
+  const counter = counterFor(model);
+  // Ordinary prose, even long, is never split.
+  const prose = 'The quick brown fox jumps over the lazy dog. '.repeat(2000);
+  const p = await counter.countText(prose);
+  t.equal(p.upperBound, false);
+  t.equal(p.method, 'tiktoken:o200k_base');
+  // A run without whitespace longer than one piece is split.
+  const run = 'x'.repeat(5000);
+  const r = await counter.countText(`intro ${run} outro`);
+  t.equal(r.upperBound, true);
+  t.equal(r.method, 'tiktoken:o200k_base:upper-bound');
+  const enc = get_encoding('o200k_base');
+  t.teardown(() => enc.free());
+  t.ok(r.tokens >= enc.encode_ordinary(`intro ${run} outro`).length, 'an upper bound');
+  // A split in one message makes the chat count an upper bound too.
+  const chat = await counter.countChat({ model, messages: [{ role: 'user', content: run }] });
+  t.equal(chat.upperBound, true);
+  t.equal(chat.method, 'tiktoken:o200k_base:upper-bound');
+  // Long whitespace runs are quadratic too.
+  t.equal(countBounded('o200k_base', ' '.repeat(MAX_PIECE * 3)).split, true);
+  // Patterns whose pieces tokenize better than the whole stay upper bounds thanks to the slack.
+  for (const v of ['abc'.repeat(2000), `aqqqqqqqq${'ab'.repeat(1409)}.`, 'x=' + '0'.repeat(3000), 'ab' + '-_'.repeat(900)]) {
+    t.ok(countBounded('o200k_base', v).tokens >= enc.encode_ordinary(v).length, 'upper bound (o200k)');
+  }
+  // A surrogate pair at a cut is kept whole.
+  const emoji = '😀'.repeat(MAX_PIECE);
+  t.ok(countBounded('o200k_base', emoji).tokens >= enc.encode_ordinary(emoji).length);
+});
+
+t.test('a megabyte without spaces grows linearly (pieces are bounded)', async (t) => {
+  // No timing assertion: the piece bound is what keeps it linear; check the count scales linearly.
+  const small = countBounded('o200k_base', 'ab'.repeat(50_000));
+  const big = countBounded('o200k_base', 'ab'.repeat(500_000));
+  t.equal(small.split, true);
+  // Ten times the input, ten times the count (within the per-cut slack of one piece's worth).
+  t.ok(Math.abs(big.tokens - small.tokens * 10) <= 40, `${big.tokens} vs 10 × ${small.tokens}`);
+});
+
+t.test('countOutput counts generated text with the same encoder', async (t) => {
+  const counter = counterFor('gpt-4o');
+  const text = 'Paris is the capital of France.';
+  t.equal(counter.countOutput(text), (await counter.countText(text)).tokens);
+  t.equal(counter.countOutput(''), 0);
+});
