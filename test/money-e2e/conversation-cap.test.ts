@@ -1,0 +1,112 @@
+// A conversation cap set by the operator before the first request (SPEC §6, §7, §11): requests go
+// until the next one's worst case would cross it, then a 402 `conversation_cap_reached` with the
+// figures and the three choices, marked not to be retried. A child shares its parent's cap.
+
+import t from 'tap';
+import { ADMIN, ALICE, admission, call, chat, close, costHeader, listUsd, moneyWorld, type ErrorBody } from './money-fixture.js';
+
+t.test('a cap set before the first request holds, and the 402 offers raise, cheaper models, stop', async (t) => {
+  const { gw, metered, other } = await moneyWorld(t, { metered: { completionTokens: 8 } });
+  const conv = { 'x-tollgate-conversation': 'capped' };
+  const body = { model: 'gpt-4o', messages: [{ role: 'user', content: 'word '.repeat(1000) }], max_tokens: 100 };
+
+  // 1. The operator sets $2.07 before the conversation exists.
+  const cap = await call(gw.url, 'PUT', '/admin/conversations/capped/cap', ADMIN, { cap_usd: 2.07 });
+  t.equal(cap.status, 200);
+  t.same(cap.body, { conversation: 'capped', cap_usd: 2.07 });
+
+  // 2. The provider reports the prompt as the gateway counted it: worst case and cost are exact.
+  const plan = await admission(gw, ALICE, body, conv);
+  const prompt = plan.sum_tokens;
+  metered.options.promptTokens = () => prompt;
+  const worst = plan.cost_usd.worst_case!;
+  t.ok(close(worst, (prompt * 100 + 100 * 400) / 1e6), 'worst case: whole prompt uncached + whole allowance');
+  const cost = listUsd('gpt-4o', prompt, 0, 8);
+  let expected = 0;
+  while (expected * cost + worst <= 2.07) expected++;
+  t.ok(expected >= 10, `the cap admits ${expected} turns`);
+
+  // 3. Requests until the cap.
+  let spent = 0;
+  let refused: Awaited<ReturnType<typeof chat>> | null = null;
+  for (let i = 0; i < expected + 3 && !refused; i++) {
+    const r = await chat(gw, ALICE, body, conv);
+    if (r.status === 402) refused = r;
+    else {
+      t.equal(r.status, 200);
+      spent += costHeader(r)!;
+    }
+  }
+  t.ok(refused, 'the cap refused a request');
+  t.equal(metered.requests.length, expected, 'exactly the affordable turns reached the provider');
+  t.ok(close(spent, expected * cost));
+
+  // 4. The refusal: figures as numbers, and what the client can do.
+  t.equal(refused!.headers.get('x-should-retry'), 'false');
+  const err = (refused!.body as unknown as ErrorBody).error;
+  t.equal(err.code, 'conversation_cap_reached');
+  t.equal(err.type, 'insufficient_quota');
+  t.ok(close(err.spent_usd!, spent), `spent_usd ${err.spent_usd}`);
+  t.equal(err.limit_usd, 2.07);
+  t.ok(close(err.needed_usd!, worst));
+  t.ok(err.spent_usd! + err.needed_usd! > err.limit_usd!);
+  t.match(err.message, /conversation cap reached: spent \$\d+\.\d\d of \$2\.07, this request needs up to \$0\.\d+/);
+  const choices = err.choices!;
+  // Twice $2.07 is $4.14; a person would pick $4.50.
+  t.equal(choices.raise_to_usd, 4.5);
+  t.equal(choices.stop, true);
+  t.same(
+    choices.cheaper_models.map((m) => [m.model, m.billing]),
+    [
+      ['llama-local', 'local'],
+      ['plan-model', 'plan'],
+      ['gpt-4o-mini', 'metered'],
+    ],
+    'local first, then plan, then a metered model at a third of the price (never the unpriced one)',
+  );
+  // A quarter of the cap ($0.5175), in whole cents up, at least $0.50.
+  t.equal(choices.cheaper_models[2].allowance_usd, 0.52);
+
+  // 5. The spend view shows the cap; choosing the local model works at once.
+  const spend = await call(gw.url, 'GET', '/v1/conversations/capped/spend', { authorization: `Bearer ${ALICE}` });
+  t.equal(spend.body.cap_usd, 2.07);
+  t.equal(spend.body.turns, expected);
+  const local = await chat(gw, ALICE, { ...body, model: 'llama-local' }, conv);
+  t.equal(local.status, 200, 'a turn on this machine spends no money and always goes');
+  t.equal(other.requests.length, 1);
+});
+
+t.test('a child sent while its parent is past its cap does not start', async (t) => {
+  const { gw, metered } = await moneyWorld(t, { metered: { promptTokens: () => 1000, completionTokens: 8 } });
+  const small = (model: string) => ({ model, messages: [{ role: 'user', content: 'one more step' }], max_tokens: 1 });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/lead/cap', ADMIN, { cap_usd: 1 })).status, 200);
+
+  // 1. The parent spends $0.3096 in three turns, under its $1 cap.
+  for (let i = 0; i < 3; i++) t.equal((await chat(gw, ALICE, small('gpt-4o'), { 'x-tollgate-conversation': 'lead' })).status, 200);
+  // 2. A child's turns count against the parent's cap as they go.
+  const first = await chat(gw, ALICE, small('gpt-4o-mini'), { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'lead' });
+  t.equal(first.status, 200);
+  const before = (await call(gw.url, 'GET', '/v1/conversations/lead/spend', { authorization: `Bearer ${ALICE}` })).body;
+  t.ok(close(before.tasks_usd as number, costHeader(first)!));
+
+  // 3. The operator lowers the cap below what was spent: the parent is now past it.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/lead/cap', ADMIN, { cap_usd: 0.25 })).status, 200);
+  const seen = metered.requests.length;
+  const child = await chat(gw, ALICE, small('gpt-4o-mini'), { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'lead' });
+  t.equal(child.status, 402);
+  t.equal(child.headers.get('x-should-retry'), 'false');
+  const err = (child.body as unknown as ErrorBody).error;
+  t.equal(err.code, 'conversation_cap_reached');
+  t.equal(err.scope, 'parent');
+  t.equal(err.limit_usd, 0.25);
+  t.match(err.message, /^parent conversation cap reached/);
+  // At a parent's cap a child cannot be given metered room: only models that spend no money.
+  t.same(err.choices!.cheaper_models.map((m) => m.billing), ['local', 'plan']);
+  // 4. A brand-new child naming the parent is refused the same way; nothing reached the provider.
+  const fresh = await chat(gw, ALICE, small('gpt-4o-mini'), { 'x-tollgate-conversation': 'helper-2', 'x-tollgate-parent': 'lead' });
+  t.equal(fresh.status, 402);
+  t.equal(metered.requests.length, seen, 'the child did not start');
+  // 5. A client cannot lift the cap: the operator API refuses a client key.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/lead/cap', { authorization: `Bearer ${ALICE}` }, { cap_usd: null })).status, 403);
+  t.equal((await chat(gw, ALICE, small('gpt-4o-mini'), { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'lead' })).status, 402);
+});

@@ -1,0 +1,83 @@
+// The tenant's monthly budget (SPEC §6, §7): admission reserves each request's worst case
+// atomically, so no burst of concurrent requests spends past it; at 80 % the response that crossed
+// it says `x-tollgate-notice: budget-near`, once per tenant per month.
+
+import t from 'tap';
+import { ADMIN, ALICE, admission, call, chat, close, costHeader, moneyWorld, type ErrorBody } from './money-fixture.js';
+
+t.test('200 concurrent requests never overspend the monthly budget', async (t) => {
+  // The provider reports exactly what was reserved (whole prompt, whole allowance), so each
+  // admitted request settles at its worst case and the count admitted is known in advance.
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 10 } });
+  const body = { model: 'gpt-4o', messages: [{ role: 'user', content: 'Summarise the quarterly report' }], max_tokens: 10 };
+  const plan = await admission(gw, ALICE, body, { 'x-tollgate-conversation': 'burst-0' });
+  metered.options.promptTokens = () => plan.sum_tokens;
+  const worst = plan.cost_usd.worst_case!;
+
+  // 1. Room for 100.5 requests, set through the operator API.
+  const budget = Math.round(worst * 100.5 * 1e8) / 1e8;
+  const put = await call(gw.url, 'PUT', '/admin/tenants/alice/budget', ADMIN, { monthly_budget_usd: budget });
+  t.equal(put.status, 200);
+
+  // 2. 200 at once, each its own conversation.
+  const replies = await Promise.all(
+    Array.from({ length: 200 }, (_, i) => chat(gw, ALICE, body, { 'x-tollgate-conversation': `burst-${i}` })),
+  );
+  const ok = replies.filter((r) => r.status === 200);
+  const refused = replies.filter((r) => r.status === 402);
+  t.equal(ok.length, 100, 'exactly the affordable requests were admitted');
+  t.equal(refused.length, 100);
+  t.equal(metered.requests.length, 100, 'and only they reached the provider');
+
+  // 3. What was settled adds up to no more than the budget, in the responses and in the ledger.
+  const settled = ok.reduce((sum, r) => sum + (costHeader(r) ?? Number.NaN), 0);
+  t.ok(close(settled, 100 * worst), `settled ${settled}`);
+  t.ok(settled <= budget + 1e-9, `settled ${settled} ≤ budget ${budget}`);
+  const month = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
+  t.ok(close(month.body.spent_usd as number, settled));
+  t.ok(close(month.body.reserved_usd as number, 0), 'nothing left reserved');
+
+  // 4. Each refusal is the monthly one, with its figures and no metered choice (the money is gone).
+  const errors = refused.map((r) => (r.body as unknown as ErrorBody).error);
+  t.same([...new Set(errors.map((e) => e.code))], ['monthly_budget_reached']);
+  t.ok(refused.every((r) => r.headers.get('x-should-retry') === 'false'));
+  t.ok(errors.every((e) => e.limit_usd === budget && e.spent_usd! + e.needed_usd! > budget + 1e-9));
+  const choices = errors[0].choices!;
+  t.same(choices.cheaper_models.map((m) => m.model), ['llama-local', 'plan-model']);
+  // Half again the budget, rounded up to a figure a person would pick.
+  t.ok(choices.raise_to_usd >= 1.5 * budget);
+});
+
+t.test('budget-near on the response that crosses 80 %, once a month', async (t) => {
+  // $0.20 a turn (the provider's figure) against a $1 budget set in the key's configuration.
+  const { gw } = await moneyWorld(t, {
+    clock: true,
+    keys: [{ key: ALICE, tenant: 'alice', monthlyBudgetUsd: 1 }],
+    metered: { providerCost: 0.2, promptTokens: () => 10, completionTokens: 1 },
+  });
+  const body = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Next item' }], max_tokens: 5 };
+  const notices = async (n: number) => {
+    const seen: Array<string | null> = [];
+    for (let i = 0; i < n; i++) {
+      const r = await chat(gw, ALICE, body);
+      t.equal(r.status, 200);
+      seen.push(r.headers.get('x-tollgate-notice'));
+    }
+    return seen;
+  };
+
+  // 1. November: $0.20, $0.40, $0.60, then $0.80 crosses 80 %; $1.00 says nothing more.
+  t.same(await notices(5), [null, null, null, 'budget-near', null]);
+  const full = await chat(gw, ALICE, body);
+  t.equal(full.status, 402);
+  t.equal((full.body as unknown as ErrorBody).error.code, 'monthly_budget_reached');
+
+  // 2. December: the month starts again, and so does the notice — once.
+  gw.now.ms = Date.parse('2026-12-01T00:00:05Z');
+  t.same(await notices(5), [null, null, null, 'budget-near', null]);
+  const dec = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
+  t.equal(dec.body.month, '2026-12');
+  t.ok(close(dec.body.spent_usd as number, 1));
+  const nov = await call(gw.url, 'GET', '/admin/tenants/alice/spend?month=2026-11', ADMIN);
+  t.ok(close(nov.body.spent_usd as number, 1));
+});

@@ -1,0 +1,108 @@
+// The operator API (SPEC §8, §9, §11): the admin token and nothing else; keys made here work as
+// client keys, are stored only as hashes, and can be revoked; the ledger exports as NDJSON.
+
+import { existsSync, readFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import t from 'tap';
+import { ADMIN, ALICE, call, chat, moneyWorld } from './money-fixture.js';
+
+const ask = { model: 'llama-local', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5 };
+
+t.test('no token is 401, a client key is 403, the admin token passes', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const routes: Array<[string, string, unknown]> = [
+    ['GET', '/admin/ledger', undefined],
+    ['POST', '/admin/keys', { tenant: 'mallory' }],
+    ['PUT', '/admin/tenants/alice/budget', { monthly_budget_usd: 1000 }],
+    ['PUT', '/admin/conversations/x/cap', { cap_usd: null }],
+    ['GET', '/admin/tenants/alice/spend', undefined],
+  ];
+  for (const [method, path, body] of routes) {
+    const none = await call(gw.url, method, path, {}, body);
+    t.equal(none.status, 401, `${method} ${path} without a token`);
+    t.match(none.body, { error: { code: 'admin_token_required', type: 'authentication_error' } });
+    t.equal((await call(gw.url, method, path, { authorization: 'Bearer not-the-token' }, body)).status, 401);
+    const client = await call(gw.url, method, path, { authorization: `Bearer ${ALICE}` }, body);
+    t.equal(client.status, 403, `${method} ${path} with a client key`);
+    t.match(client.body, { error: { code: 'forbidden', type: 'permission_error' } });
+  }
+  // Nothing the refused calls asked for happened.
+  const alice = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
+  t.equal(alice.status, 200);
+  t.equal(alice.body.monthly_budget_usd, null);
+});
+
+t.test('a key made by the operator works, is stored hashed, and can be revoked', async (t) => {
+  const { gw } = await moneyWorld(t);
+  // 1. Made for a new tenant; shown once.
+  const made = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 'ci' });
+  t.equal(made.status, 201);
+  const { id, key } = made.body as { id: string; key: string };
+  t.match(key, /^tg-.{20,}$/);
+  t.ok(id && id !== key);
+
+  // 2. It works as a client key, for its own tenant.
+  const r = await chat(gw, key, ask, { 'x-tollgate-conversation': 'daves' });
+  t.equal(r.status, 200);
+  t.equal((await call(gw.url, 'GET', '/v1/conversations/daves/spend', { authorization: `Bearer ${key}` })).status, 200);
+  t.equal((await call(gw.url, 'GET', '/v1/conversations/daves/spend', { authorization: `Bearer ${ALICE}` })).status, 404);
+  // …and it is a client key: the operator API refuses it.
+  t.equal((await call(gw.url, 'GET', '/admin/ledger', { authorization: `Bearer ${key}` })).status, 403);
+
+  // 3. The raw key is nowhere on disk; its SHA-256 is (so the right files were read).
+  const files = [gw.dbPath, `${gw.dbPath}-wal`, `${gw.dbPath}-shm`].filter((f) => existsSync(f));
+  const bytes = Buffer.concat(files.map((f) => readFileSync(f)));
+  t.notOk(bytes.includes(Buffer.from(key)), 'the raw key is not stored');
+  t.ok(bytes.includes(Buffer.from(createHash('sha256').update(key).digest('hex'))), 'its hash is');
+
+  // 4. Revoked: refused at once; revoking again is a 404.
+  const del = await call(gw.url, 'DELETE', `/admin/keys/${id}`, ADMIN);
+  t.equal(del.status, 200);
+  const after = await chat(gw, key, ask);
+  t.equal(after.status, 401);
+  t.match(after.body, { error: { code: 'invalid_api_key' } });
+  t.equal((await call(gw.url, 'DELETE', `/admin/keys/${id}`, ADMIN)).status, 404);
+});
+
+t.test('the ledger exports as NDJSON, one row per request, between since and until', async (t) => {
+  const { gw } = await moneyWorld(t, { clock: true });
+  const t0 = gw.now.ms;
+  const hour = 3_600_000;
+  // 1. Three requests an hour apart.
+  for (let i = 0; i < 3; i++) {
+    gw.now.ms = t0 + i * hour;
+    t.equal((await chat(gw, ALICE, ask, { 'x-tollgate-conversation': `hour-${i}` })).status, 200);
+  }
+  const ledger = async (query: string) => {
+    const res = await fetch(`${gw.url}/admin/ledger${query}`, { headers: ADMIN });
+    t.equal(res.status, 200);
+    t.match(res.headers.get('content-type'), /^application\/x-ndjson/);
+    const text = await res.text();
+    t.ok(text === '' || text.endsWith('\n'));
+    return text
+      .split('\n')
+      .filter((l) => l.length > 0)
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+  };
+  const all = await ledger('');
+  t.same(all.map((r) => r.conversation), ['hour-0', 'hour-1', 'hour-2']);
+  for (const row of all) {
+    for (const field of ['id', 'time', 'tenant', 'conversation', 'run', 'model', 'upstream', 'status', 'reserved_tokens', 'charge_tokens', 'refund_tokens', 'cost_usd']) {
+      t.ok(field in row, `row has ${field}`);
+    }
+    t.match(row, { tenant: 'alice', model: 'llama-local', upstream: 'box', status: 200, cost_usd: 0 });
+    t.equal((row.charge_tokens as number) + (row.refund_tokens as number), row.reserved_tokens);
+  }
+  t.equal(all[1].time, new Date(t0 + hour).toISOString());
+
+  // 2. since is inclusive, until exclusive; ISO times and epoch milliseconds alike.
+  const iso = (ms: number) => new Date(ms).toISOString();
+  t.same((await ledger(`?since=${iso(t0 + hour)}`)).map((r) => r.conversation), ['hour-1', 'hour-2']);
+  t.same((await ledger(`?until=${iso(t0 + hour)}`)).map((r) => r.conversation), ['hour-0']);
+  t.same((await ledger(`?since=${t0 + hour}&until=${t0 + 2 * hour}`)).map((r) => r.conversation), ['hour-1']);
+  t.same(await ledger(`?since=${iso(t0 + 3 * hour)}`), []);
+  // 3. A time that is not one is a 400 naming the parameter.
+  const bad = await call(gw.url, 'GET', '/admin/ledger?since=yesterday', ADMIN);
+  t.equal(bad.status, 400);
+  t.match(bad.body, { error: { param: 'since' } });
+});

@@ -1,0 +1,50 @@
+// A metered model with no price (SPEC §7, §11): while a money limit applies it is refused with a
+// 402 `model_not_priced` naming the model and how to add a price — never counted as $0 — unless
+// the operator chose `prices.unpriced: "allow"`.
+
+import t from 'tap';
+import { ADMIN, ALICE, BOB, admission, call, chat, moneyWorld, type ErrorBody } from './money-fixture.js';
+
+const ask = { model: 'gpt-unpriced-x', messages: [{ role: 'user', content: 'What will this cost?' }], max_tokens: 20 };
+
+t.test('refused while a cap or a monthly budget applies, allowed without a limit', async (t) => {
+  const { gw, metered } = await moneyWorld(t);
+  // 1. A conversation with a cap.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/capped/cap', ADMIN, { cap_usd: 5 })).status, 200);
+  const r = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.equal(r.status, 402);
+  t.equal(r.headers.get('x-should-retry'), 'false');
+  const err = (r.body as unknown as ErrorBody).error;
+  t.equal(err.code, 'model_not_priced');
+  t.equal(err.type, 'insufficient_quota');
+  t.equal(err.param, 'model');
+  t.match(err.message, /gpt-unpriced-x/);
+  t.match(err.message, /prices\.overrides/);
+  // The admission endpoint gives exactly the envelope the real request got.
+  const verdict = (await admission(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' })).verdict;
+  t.same(verdict, { admit: false, status: 402, error: r.body });
+
+  // 2. A tenant with a monthly budget, in any conversation.
+  t.equal((await call(gw.url, 'PUT', '/admin/tenants/bob/budget', ADMIN, { monthly_budget_usd: 50 })).status, 200);
+  const monthly = await chat(gw, BOB, ask, { 'x-tollgate-conversation': 'bobs' });
+  t.equal(monthly.status, 402);
+  t.equal((monthly.body as unknown as ErrorBody).error.code, 'model_not_priced');
+  t.equal(metered.requests.length, 0, 'nothing reached the provider');
+
+  // 3. No limit at all: it goes, and its cost is unknown rather than $0.
+  const free = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'uncapped' });
+  t.equal(free.status, 200);
+  t.equal(free.headers.get('x-tollgate-cost-usd'), null);
+  t.equal(metered.requests.length, 1);
+});
+
+t.test('with prices.unpriced "allow" it goes under a cap, and its cost stays unknown', async (t) => {
+  const { gw, metered } = await moneyWorld(t, { prices: { unpriced: 'allow' } });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/capped/cap', ADMIN, { cap_usd: 5 })).status, 200);
+  const r = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.equal(r.status, 200);
+  t.equal(r.headers.get('x-tollgate-cost-usd'), null);
+  t.equal(metered.requests.length, 1);
+  const spend = await call(gw.url, 'GET', '/v1/conversations/capped/spend', { authorization: `Bearer ${ALICE}` });
+  t.match(spend.body, { turns: 1, spent_usd: 0, cap_usd: 5 });
+});
