@@ -60,7 +60,11 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const trusted = o.refundAll ? null : trustedCompletionTokens(plan, f);
   const rawGenerated = o.refundAll ? 0 : (trusted ?? o.countedOutput);
   const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : o.countedMethod;
-  const tokens = settleTokens(plan.promptCharge, plan.allowance, rawGenerated);
+  // An upstream that failed before any output refunds the whole reservation, prompt included
+  // (SPEC §2.7, §11): the model read nothing the run must pay for.
+  const tokens = o.refundAll
+    ? { generated: 0, chargeTokens: 0, refundTokens: plan.promptCharge + plan.allowance }
+    : settleTokens(plan.promptCharge, plan.allowance, rawGenerated);
   if (rawGenerated > plan.allowance) {
     gw.log.warn({ id: plan.id, upstream: plan.upstream.name, generated: rawGenerated, allowance: plan.allowance }, 'upstream generated past the allowance');
   }
@@ -130,7 +134,10 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
       });
     }
   }
-  return { ...tokens, costUsd: cost.costUsd, savedUsd: cost.savedUsd, notices };
+  // What the client is told a turn cost: a plan turn spends no money, but with no list price its
+  // value is unknown, and unknown is said as null (header absent), never as a made-up 0.
+  const shownCost = plan.upstream.billing === 'plan' && cost.planWorkUsd === null && !o.refundAll ? null : cost.costUsd;
+  return { ...tokens, costUsd: shownCost, savedUsd: cost.savedUsd, notices };
 }
 
 /** The "pricier" notice is decided at planning time, from the conversation's last reply. */
