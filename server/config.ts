@@ -55,7 +55,7 @@ export interface TenantConfig {
 
 export type StoreConfig =
   | { kind: 'sqlite'; path: string; synchronous: 'NORMAL' | 'FULL' }
-  | { kind: 'postgres'; url: string };
+  | { kind: 'postgres'; url: string; schema: string };
 
 export interface Config {
   store: StoreConfig;
@@ -129,7 +129,9 @@ function readStore(r: Reader): StoreConfig {
   if (kind === 'postgres') {
     const url = r.strOrNull('url', process.env.DATABASE_URL ?? null);
     if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
-    return { kind, url: url! };
+    const schema = r.str('schema', 'public')!;
+    if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) r.fail('schema', 'must be a lower-case SQL identifier');
+    return { kind, url: url!, schema };
   }
   return {
     kind,
