@@ -102,7 +102,7 @@ if (!PG) {
       t.equal(statuses.filter((s) => s === 200).length, K, `round ${round}: exactly ${K} admitted across both replicas`);
       t.equal(statuses.filter((s) => s === 402).length, 200 - K, 'the rest refused');
       const sums = await admin.query(
-        `SELECT count(*)::int AS n, sum(reserved_tokens)::int AS reserved, sum(refund_tokens)::int AS refunds FROM ${schema}.ledger WHERE conversation = $1`,
+        `SELECT count(*)::int AS n, sum(reserved_tokens)::int AS reserved, sum(refund_tokens)::int AS refunds FROM ${schema}.ledger_rows WHERE conversation = $1`,
         [conv],
       );
       const run = await admin.query(`SELECT budget_tokens::int AS budget, used_tokens::int AS used FROM ${schema}.runs WHERE conversation = $1`, [conv]);
@@ -123,7 +123,7 @@ if (!PG) {
     children.push(again.child);
     t.equal(await post(b.url, 'after-kill'), 200);
     t.equal(await post(again.url, 'after-kill-2'), 200, 'the restarted replica serves');
-    const rows = await admin.query(`SELECT conversation, state, reserved_tokens::int AS reserved, charge_tokens::int AS charge, refund_tokens::int AS refund FROM ${schema}.ledger WHERE conversation LIKE 'kill-%'`);
+    const rows = await admin.query(`SELECT conversation, state, reserved_tokens::int AS reserved, charge_tokens::int AS charge, refund_tokens::int AS refund FROM ${schema}.ledger_rows WHERE conversation LIKE 'kill-%'`);
     const answered = statuses.map((s, i) => (s === 200 ? `kill-${i}` : null)).filter(Boolean);
     const have = new Set(rows.rows.map((r: { conversation: string }) => r.conversation));
     for (const c of answered) t.ok(have.has(c!), `${c} is in the ledger`);
@@ -131,7 +131,7 @@ if (!PG) {
       // An open reservation is still counted in full against its run: nothing vanished.
       if (r.state !== 'reserved') t.equal(r.reserved, (r.charge ?? 0) + (r.refund ?? 0));
     }
-    const runs = await admin.query(`SELECT r.used_tokens::int AS used, coalesce(sum(CASE WHEN l.state = 'reserved' THEN l.reserved_tokens ELSE l.charge_tokens END), 0)::int AS held FROM ${schema}.runs r JOIN ${schema}.ledger l ON l.run = r.id WHERE r.conversation LIKE 'kill-%' GROUP BY r.id, r.used_tokens`);
+    const runs = await admin.query(`SELECT r.used_tokens::int AS used, coalesce(sum(CASE WHEN l.state = 'reserved' THEN l.reserved_tokens ELSE l.charge_tokens END), 0)::int AS held FROM ${schema}.runs r JOIN ${schema}.ledger_rows l ON l.run = r.id WHERE r.conversation LIKE 'kill-%' GROUP BY r.id, r.used_tokens`);
     for (const r of runs.rows as Array<{ used: number; held: number }>) t.equal(r.used, r.held, 'run invariant holds after the kill');
   });
 }
