@@ -1,0 +1,111 @@
+// When the final turn yields no answer — the model proposes tools again, or the upstream fails —
+// the client still gets a 200: a labelled excerpt of the run's tool results, marked as unverified
+// evidence and not an answer, with `x-tollgate-fallback: evidence-excerpt` (SPEC §5, §11).
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { EXCERPT_FIRST_LINE } from '../../metering/runs/evidence-excerpt.js';
+import { client, runAgent, turn, chatRequests, searchWhileOffered, type Call } from './agent-loop.js';
+
+const result = (call: Call) => `EVIDENCE<${call.arguments}> Tollgate meters tokens and money.`;
+
+for (const stream of [false, true]) {
+  const mode = stream ? 'streamed' : 'non-streamed';
+
+  t.test(`a model that keeps proposing tools in the final turn → evidence excerpt (${mode})`, async (t) => {
+    // The model proposes a call on every request, tools offered or not.
+    const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"again"}' }] });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 2 } });
+
+    // 1. Conversation inferred when streamed, named when not (both ways are covered).
+    const run = await runAgent(client(gw.url), {
+      question: 'What does Tollgate meter?',
+      stream,
+      conversation: stream ? undefined : 'conv-fallback',
+      toolResult: result,
+    });
+    t.equal(run.turns.length, 3, 'two tool rounds, then the final turn');
+    const final = run.turns[2]!;
+
+    // 2. The final request reached the model without tools, and its tool calls did not come out.
+    const reqs = chatRequests(upstream);
+    t.equal(reqs.length, 3);
+    t.notOk('tools' in reqs[2]!);
+    t.same(final.toolCalls, [], 'no tool calls reach the client');
+    t.not(final.finishReason, 'tool_calls');
+
+    // 3. The excerpt: first line says unverified evidence, not an answer; both results quoted.
+    t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE);
+    t.match(final.content.split('\n')[0]!, /unverified evidence, not an answer/i);
+    t.match(final.content, /EVIDENCE<\{"q":"again"\}> Tollgate meters tokens and money\./);
+    t.equal((final.content.match(/\[\d\] tool search/g) ?? []).length, 2, 'both tool results are in the excerpt');
+
+    // 4. Labelled as a fallback, on a final turn.
+    t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+    t.equal(final.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+  });
+
+  t.test(`the final-answer upstream failing → evidence excerpt, 200 (${mode})`, async (t) => {
+    const upstream = await startOpenAiDouble({ completionTokens: 4, toolCalls: searchWhileOffered });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+    const c = client(gw.url);
+    const conversation = 'conv-fail';
+    const messages: Parameters<typeof turn>[1] = [{ role: 'user', content: 'Where is the price table?' }];
+
+    // 1. One tool round goes through normally.
+    const first = await turn(c, messages, { stream, conversation });
+    t.equal(first.toolCalls.length, 1);
+    messages.push({
+      role: 'assistant',
+      content: null,
+      tool_calls: first.toolCalls.map((x) => ({ id: x.id, type: 'function' as const, function: { name: x.name, arguments: x.arguments } })),
+    });
+    messages.push({ role: 'tool', tool_call_id: first.toolCalls[0]!.id, content: 'pricing/price-table.ts wraps genai-prices' });
+
+    // 2. The upstream now fails every request; the final turn still answers 200 with the excerpt.
+    upstream.options.failWith = { status: 500, body: { error: { message: 'upstream exploded', type: 'server_error', code: null } } };
+    const final = await turn(c, messages, { stream, conversation });
+    t.equal(chatRequests(upstream).length, 2, 'the final turn did reach the upstream (once: no retry)');
+    t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+    t.equal(final.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+    t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE);
+    t.match(final.content, /pricing\/price-table\.ts wraps genai-prices/);
+    t.same(final.toolCalls, []);
+    // 3. Nothing was generated: the whole reservation of the failed turn is refunded (SPEC §2.7).
+    const reserved = Number(final.headers.get('x-tollgate-reserved-tokens'));
+    t.ok(reserved > 0);
+    t.equal(final.headers.get('x-tollgate-charge-tokens'), '0');
+    t.equal(Number(final.headers.get('x-tollgate-refund-tokens')), reserved);
+  });
+}
+
+t.test('the fallback excerpt is byte-bounded even when the tool results are huge', async (t) => {
+  const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'fetch', arguments: '{}' }] });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 2 } });
+  const big = 'x'.repeat(50_000);
+  const run = await runAgent(client(gw.url), { question: 'Fetch everything', stream: false, toolResult: () => `${big} end` });
+  const final = run.turns.at(-1)!;
+  t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  t.ok(Buffer.byteLength(final.content) <= 8192, `excerpt has ${Buffer.byteLength(final.content)} bytes`);
+  t.match(final.content, /\[…cut: \d+ bytes in full\]/);
+});
+
+for (const stream of [false, true]) {
+  t.test(`tool-call markup written as text in the final turn is stripped → excerpt (${stream ? 'streamed' : 'non-streamed'})`, async (t) => {
+    // The final turn has no tools, so this model writes its call into the text (Hermes style).
+    const upstream = await startOpenAiDouble({ completionTokens: 2, toolCalls: searchWhileOffered, word: '<tool_call>{"name":"search","arguments":{"q":"more"}}</tool_call>' });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+    const run = await runAgent(client(gw.url), { question: 'Look it up', stream, toolResult: () => 'found: 42' });
+    const final = run.turns.at(-1)!;
+    t.equal(run.turns.length, 2);
+    t.notMatch(final.content, /tool_call/);
+    t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE);
+    t.match(final.content, /found: 42/);
+    t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  });
+}

@@ -1,0 +1,113 @@
+// Research runs end after `runs.maxToolRounds` tool rounds with a real answer (SPEC §5, §11):
+// the request after the N-th round reaches the model with no tools offered and the added
+// final-answer instruction, and the client is told why with `x-tollgate-notice`.
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { FINAL_ANSWER_INSTRUCTION } from '../../metering/runs/final-answer.js';
+import { client, runAgent, chatRequests, lastMessage, searchWhileOffered } from './agent-loop.js';
+
+for (const stream of [false, true]) {
+  // Non-streamed: the conversation is inferred from the growing message list; streamed: named.
+  const how = stream ? 'streamed, conversation named by header' : 'non-streamed, conversation inferred';
+  t.test(`maxToolRounds 2 → the third request is the final answer (${how})`, async (t) => {
+    const upstream = await startOpenAiDouble({ completionTokens: 6, toolCalls: searchWhileOffered });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 2 } });
+    const c = client(gw.url);
+
+    const run = await runAgent(c, { question: 'What does Tollgate meter?', stream, conversation: stream ? 'conv-rounds' : undefined });
+
+    // 1. Two tool rounds, then an answer: three requests in all.
+    t.equal(run.turns.length, 3);
+    t.equal(run.turns[0]!.toolCalls.length, 1);
+    t.equal(run.turns[1]!.toolCalls.length, 1);
+    const reqs = chatRequests(upstream);
+    t.equal(reqs.length, 3);
+
+    // 2. The first two reached the model with tools and no notice was sent.
+    for (const i of [0, 1]) {
+      t.ok(Array.isArray(reqs[i]!.tools), `request ${i + 1} offered tools`);
+      t.equal(run.turns[i]!.headers.get('x-tollgate-notice'), null, `no notice on request ${i + 1}`);
+    }
+
+    // 3. The third reached the model with no tool fields and the final-answer instruction last.
+    const final = reqs[2]!;
+    t.notOk('tools' in final, 'no tools');
+    t.notOk('tool_choice' in final, 'no tool_choice');
+    t.notOk('parallel_tool_calls' in final, 'no parallel_tool_calls');
+    t.same(lastMessage(final), { role: 'system', content: FINAL_ANSWER_INSTRUCTION });
+    // The evidence is still there: both tool results precede the instruction.
+    const tools = (final.messages as Array<Record<string, unknown>>).filter((m) => m.role === 'tool');
+    t.equal(tools.length, 2);
+
+    // 4. The client got the model's answer, told why.
+    const answer = run.turns[2]!;
+    t.equal(answer.content, ' hi'.repeat(6));
+    t.equal(answer.toolCalls.length, 0);
+    t.equal(answer.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+    t.equal(answer.headers.get('x-tollgate-fallback'), null);
+
+    // 5. One conversation throughout (inferred or named).
+    const convs = new Set(run.turns.map((x) => x.headers.get('x-tollgate-conversation')));
+    t.same([...convs], [stream ? 'conv-rounds' : run.turns[0]!.headers.get('x-tollgate-conversation')]);
+  });
+}
+
+t.test('the client’s tool_choice and parallel_tool_calls never reach the final turn', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+  const messages = [
+    { role: 'user', content: 'Find the price of gpt-4o' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{"q":"price"}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: '$2.50 per million input tokens' },
+  ];
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: 'gpt-4o-mini',
+      messages,
+      tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }],
+      tool_choice: 'required',
+      parallel_tool_calls: true,
+      max_tokens: 20,
+    }),
+  });
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+  const seen = chatRequests(upstream)[0]!;
+  t.same(Object.keys(seen).filter((k) => ['tools', 'tool_choice', 'parallel_tool_calls', 'functions', 'function_call'].includes(k)), []);
+});
+
+t.test('bounds are set per tenant and per key, and can be turned off', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 2, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(upstream.url)],
+    runs: { maxToolRounds: 4 },
+    tenants: [{ id: 'careful', runs: { maxToolRounds: 2 } }],
+    auth: {
+      keys: [
+        { key: 'tg-default', tenant: 'plain' },
+        { key: 'tg-tenant', tenant: 'careful' },
+        { key: 'tg-strict', tenant: 'careful', runs: { maxToolRounds: 1 } },
+        { key: 'tg-unbounded', tenant: 'plain', runs: { maxToolRounds: null } },
+      ],
+    },
+  });
+  const roundsFor = async (key: string, maxTurns = 12) => {
+    const run = await runAgent(client(gw.url, key), { question: `question for ${key}`, stream: false, maxTurns });
+    return { rounds: run.turns.length - 1, notice: run.turns.at(-1)!.headers.get('x-tollgate-notice') };
+  };
+  // 1. The config's bound, the tenant's, and the key's (the key wins over its tenant).
+  t.same(await roundsFor('tg-default'), { rounds: 4, notice: 'finishing-the-answer; reason=rounds' });
+  t.same(await roundsFor('tg-tenant'), { rounds: 2, notice: 'finishing-the-answer; reason=rounds' });
+  t.same(await roundsFor('tg-strict'), { rounds: 1, notice: 'finishing-the-answer; reason=rounds' });
+  // 2. Turned off: the model keeps its tools past the config's 4 rounds (the agent stops at 8).
+  await t.rejects(roundsFor('tg-unbounded', 8), /did not end within 8 turns/);
+  const last = chatRequests(upstream).at(-1)!;
+  t.ok(Array.isArray(last.tools), 'the 8th request still offered tools');
+});

@@ -1,0 +1,148 @@
+// The run token budget (SPEC §4, §5, §11): a run whose every round spends its whole allowance is
+// switched to its final answer while the answer's reserve is still untouched, gets that answer
+// (reason=tokens), and the ledger never charges the run more than its budget.
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { client, runAgent, chatRequests, searchWhileOffered } from './agent-loop.js';
+
+const BUDGET = 1200;
+const RESERVE = 200;
+const MAX_TOKENS = 150;
+
+interface LedgerRow {
+  run: string;
+  conversation: string;
+  status: number | null;
+  reserved_tokens: number;
+  charge_tokens: number;
+  refund_tokens: number;
+}
+
+async function ledgerRows(url: string): Promise<LedgerRow[]> {
+  const res = await fetch(`${url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } });
+  const text = await res.text();
+  return text
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .map((l) => JSON.parse(l) as LedgerRow);
+}
+
+for (const stream of [false, true]) {
+  const mode = stream ? 'streamed' : 'non-streamed';
+  t.test(`a run that spends every allowance still gets its answer within budget (${mode})`, async (t) => {
+    // Every request generates far more than it may: each one uses its whole allowance.
+    const upstream = await startOpenAiDouble({ completionTokens: 10_000, toolCalls: searchWhileOffered });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, {
+      upstreams: [openaiUpstream(upstream.url)],
+      runs: { tokenBudget: BUDGET, answerReserveTokens: RESERVE, maxToolRounds: 64, patience: null },
+    });
+
+    const run = await runAgent(client(gw.url), {
+      question: 'Summarise every page of the Tollgate documentation.',
+      stream,
+      conversation: stream ? 'conv-tokens' : undefined,
+      maxTokens: MAX_TOKENS,
+      maxTurns: 20,
+    });
+
+    // 1. Several rounds ran, then the answer came with reason=tokens — no 402 along the way.
+    t.ok(run.turns.length >= 3, `${run.turns.length} turns`);
+    const answer = run.turns.at(-1)!;
+    for (const x of run.turns.slice(0, -1)) t.equal(x.headers.get('x-tollgate-notice'), null);
+    t.equal(answer.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+    t.equal(answer.headers.get('x-tollgate-fallback'), null);
+    t.same(answer.toolCalls, []);
+    t.match(answer.content, /^( hi)+$/, 'the model’s own answer');
+
+    // 2. The final request went without tools and with an allowance that fits what was left.
+    const reqs = chatRequests(upstream);
+    const final = reqs.at(-1)!;
+    t.notOk('tools' in final);
+    t.ok(Number(final.max_tokens) >= 1 && Number(final.max_tokens) <= MAX_TOKENS);
+
+    // 3. The ledger: each round was charged its whole reservation, and the sum stays in budget.
+    const rows = await ledgerRows(gw.url);
+    t.equal(rows.length, run.turns.length);
+    t.equal(new Set(rows.map((r) => r.run)).size, 1, 'one run');
+    for (const r of rows) {
+      t.equal(r.status, 200);
+      t.equal(r.charge_tokens, r.reserved_tokens, 'whole allowance used');
+      t.equal(r.refund_tokens, 0);
+    }
+    const charged = rows.reduce((n, r) => n + r.charge_tokens, 0);
+    t.comment(`charges per request: ${rows.map((r) => r.charge_tokens).join(', ')}`);
+    t.ok(charged <= BUDGET, `charged ${charged} ≤ budget ${BUDGET}`);
+    // The tool rounds stopped while the reserve was intact: the answer was paid from it.
+    const beforeAnswer = rows.slice(0, -1).reduce((n, r) => n + r.charge_tokens, 0);
+    t.ok(beforeAnswer <= BUDGET - RESERVE, `tool rounds used ${beforeAnswer} ≤ ${BUDGET - RESERVE}`);
+
+    // 4. The gateway's own view of the run agrees with the ledger.
+    const state = await gw.ledger.getRun(rows[0]!.run);
+    t.equal(state?.usedTokens, charged);
+    t.equal(state?.budgetTokens, BUDGET);
+
+    // 5. The next user question is a new run with a fresh budget, in the same conversation.
+    const next = [...run.messages, { role: 'assistant', content: answer.content }, { role: 'user', content: 'Thanks. And the pricing pages?' }];
+    const headers: Record<string, string> = { 'content-type': 'application/json' };
+    if (stream) headers['x-tollgate-conversation'] = 'conv-tokens';
+    const res = await fetch(`${gw.url}/v1/admission`, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { model: 'gpt-4o-mini', messages: next, tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }], max_tokens: MAX_TOKENS } }),
+    });
+    const view = (await res.json()) as { conversation: string; mode: string; run: { tool_rounds: number }; budgets: { run: { remaining_tokens: number } } };
+    t.equal(view.conversation, answer.headers.get('x-tollgate-conversation'));
+    t.equal(view.mode, 'normal');
+    t.equal(view.run.tool_rounds, 0);
+    t.equal(view.budgets.run.remaining_tokens, BUDGET);
+  });
+}
+
+for (const withTools of [false, true]) {
+  t.test(`an answer that cannot fit even the whole remainder is a 402, and nothing reaches the model (${withTools ? 'tools offered' : 'no tools'})`, async (t) => {
+    const upstream = await startOpenAiDouble({ completionTokens: 5 });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 40, answerReserveTokens: 10 } });
+    const tools = withTools ? { tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }] } : {};
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'word '.repeat(200) }], max_tokens: 10, ...tools }),
+    });
+    t.equal(res.status, 402);
+    const body = (await res.json()) as { error: { code: string; remaining: number; needed: number } };
+    t.equal(body.error.code, 'token_budget_exhausted');
+    t.equal(body.error.remaining, 40);
+    t.ok(body.error.needed > 40);
+    t.equal(chatRequests(upstream).length, 0);
+  });
+}
+
+t.test('a max_tokens larger than the answer reserve still ends in an answer, not a 402', async (t) => {
+  // Regression: the final-answer decision checked the request *as sent* (tools and the client's
+  // whole max_tokens) against what the run had left, and answered 402 when it did not fit — though
+  // the final request drops the tools and takes its allowance from what is left (SPEC §11).
+  const upstream = await startOpenAiDouble({ completionTokens: 10_000, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const budget = 1000;
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(upstream.url)],
+    runs: { tokenBudget: budget, answerReserveTokens: 100, maxToolRounds: 64, patience: null },
+  });
+  const run = await runAgent(client(gw.url), { question: 'Summarise every page of the Tollgate documentation.', stream: false, maxTokens: 300 });
+
+  // 1. The run ended in the model's answer, told why.
+  const answer = run.turns.at(-1)!;
+  t.equal(answer.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  t.match(answer.content, /^( hi)+$/);
+
+  // 2. The answer's allowance was what the run had left after its prompt: the budget holds.
+  const final = chatRequests(upstream).at(-1)!;
+  t.ok(Number(final.max_tokens) < 300, `final max_tokens ${String(final.max_tokens)} clamped below the client's 300`);
+  const rows = await ledgerRows(gw.url);
+  const charged = rows.reduce((n, r) => n + r.charge_tokens, 0);
+  t.ok(charged <= budget, `charged ${charged} ≤ ${budget}`);
+});
