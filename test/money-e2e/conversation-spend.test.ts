@@ -29,11 +29,12 @@ t.test('spend adds up across a parent and its child, by model, for its owner onl
   for (const model of ['gpt-4o', 'llama-local', 'gpt-4o', 'plan-model']) {
     const r = await chat(gw, ALICE, turn(model), parent);
     t.equal(r.status, 200, model);
-    costs.push(costHeader(r) ?? Number.NaN);
+    costs.push(costHeader(r) ?? -1);
   }
   const dear = listUsd('gpt-4o', 1000, 200, 8); // 0.08 + 0.002 + 0.0032
   t.ok(close(dear, 0.0852));
-  t.same(costs, [0.0852, 0, 0.0852, 0]);
+  // -1: no cost header — a plan turn without a list price has an unknown value, not $0.
+  t.same(costs, [0.0852, 0, 0.0852, -1]);
 
   // 2. The child: one cheap turn and one dear one, each counted in the child and in the parent.
   const cheap = listUsd('gpt-4o-mini', 1000, 200, 8); // 0.0008 + 0.0001 + 0.000016
