@@ -34,7 +34,7 @@ const route: FastifyPluginAsync = async (app) => {
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
       // The request would be refused before planning finished: report what is known.
-      return { endpoint: call.endpoint, verdict: verdictOf(err) };
+      return { endpoint: call.endpoint, ...err.context, limits: { ...gw.config.limits }, verdict: verdictOf(err) };
     }
 
     const budgets = await budgetsOf(gw, plan);

@@ -40,6 +40,8 @@ export class GatewayError extends Error {
   override name = 'GatewayError';
   readonly status: number;
   readonly type: string;
+  /** What planning knew when it refused (row counts…): shown by /v1/admission, not in the envelope. */
+  context: Record<string, unknown> = {};
 
   constructor(
     readonly code: ErrorCode,

@@ -139,7 +139,22 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     contextWindow,
   });
   const sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
-  if (sizeRefusal) throw new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
+  if (sizeRefusal) {
+    const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
+    err.context = {
+      model: valid.model,
+      upstream: upstream.name,
+      rows: rows.rows,
+      row_tokens: rows.rowTokens,
+      longest_row: rows.longestRow,
+      longest_row_index: rows.longestRowIndex,
+      sum_tokens: rows.sumTokens,
+      count_method: rows.countMethod,
+      count_is_upper_bound: rows.upperBound,
+      context_window: contextWindow,
+    };
+    throw err;
+  }
 
   // 2. The conversation, its previous request, and this request's run.
   const messages = valid.messages;
@@ -155,7 +170,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     }
   }
   const head = await gw.ledger.getHead(conversation);
-  const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages)}`).slice(0, 32) : `req-${randomUUID()}`;
+  const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32) : `req-${randomUUID()}`;
   const runState = messages ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const bounds = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);

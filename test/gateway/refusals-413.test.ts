@@ -35,7 +35,7 @@ async function setup(t: Test, limits: Record<string, number>, upstreamExtra: Rec
 }
 
 t.test('too_many_rows', async (t) => {
-  const { upstream, both } = await setup(t, { maxRows: 4 });
+  const { upstream, both, post } = await setup(t, { maxRows: 4 });
   const res = await both('/v1/completions', { model: 'gpt-4o', prompt: ['a', 'b', 'c', 'd', 'e'], max_tokens: 1 });
   t.equal(res.status, 413);
   t.equal(res.body.error.code, 'too_many_rows');
@@ -43,6 +43,10 @@ t.test('too_many_rows', async (t) => {
   t.equal(res.body.error.rows, 5);
   t.equal(res.body.error.limit, 4);
   t.equal(upstream.requests.length, 0, 'the upstream received nothing');
+  const plan = await post('/v1/admission', { endpoint: '/v1/completions', request: { model: 'gpt-4o', prompt: ['a', 'b', 'c', 'd', 'e'] } });
+  t.equal(plan.body.rows, 5, 'the refused plan still shows its rows');
+  t.equal((plan.body.row_tokens as number[]).length, 5);
+  t.equal((plan.body.limits as Record<string, number>).maxRows, 4);
 });
 
 t.test('row_too_large names the row and its tokens', async (t) => {
