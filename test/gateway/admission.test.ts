@@ -1,0 +1,62 @@
+// POST /v1/admission (SPEC §8, §11): the plan with its budgets and the largest max_tokens every
+// budget would admit, computed without running a model or changing any budget.
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+
+type Json = Record<string, unknown>;
+
+t.test('budgets and max_affordable_allowance, and nothing changes', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 10 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 8000 })], runs: { tokenBudget: 1000, answerReserveTokens: 100 } });
+  const admission = async (request: Json, conv = 'c-adm') => {
+    const res = await fetch(`${gw.url}/v1/admission`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conv },
+      body: JSON.stringify({ endpoint: '/v1/chat/completions', request }),
+    });
+    t.equal(res.status, 200);
+    return (await res.json()) as Json;
+  };
+  const request = { model: 'gpt-4o', max_tokens: 50, n: 2, messages: [{ role: 'user', content: 'Plan this.' }] };
+  // 1. before anything ran
+  const a = await admission(request);
+  const prompt = (a.charge as Json).prompt as number;
+  t.equal((a.charge as Json).allowance, 100, 'max_tokens × n');
+  t.same(a.budgets, { run: { limit_tokens: 1000, remaining_tokens: 1000 }, conversation: null, parent: null, monthly: null });
+  t.equal(a.max_affordable_allowance, Math.floor((1000 - prompt) / 2), 'the run budget binds, split over n');
+  t.same(a.verdict, { admit: true, status: 200, error: null });
+  t.equal(a.mode, 'normal');
+  t.equal(a.shared_prefix_tokens, 0);
+  t.equal(a.count_method, 'tiktoken:o200k_base');
+  t.equal(upstream.requests.length, 0, 'no model was called');
+  // 2. twice: still nothing reserved
+  const again = await admission(request);
+  t.same(again.budgets, a.budgets, 'admission changes no budget');
+  // 3. after a real request of the same run the remaining shrinks by its settled charge
+  const real = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-adm' }, body: JSON.stringify(request) });
+  t.equal(real.status, 200);
+  const charge = Number(real.headers.get('x-tollgate-charge-tokens'));
+  const after = await admission(request);
+  t.equal(((after.budgets as Json).run as Json).remaining_tokens, 1000 - charge);
+  // 4. a request larger than what is left gets the verdict the real one would get
+  const huge = await admission({ ...request, max_tokens: 600 });
+  t.equal((huge.verdict as Json).status, 402);
+  t.equal((((huge.verdict as Json).error as Json).error as Json).code, 'token_budget_exhausted');
+  const realHuge = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-adm' }, body: JSON.stringify({ ...request, max_tokens: 600 }) });
+  t.equal(realHuge.status, 402);
+  t.same(await realHuge.json(), (huge.verdict as Json).error, 'exactly the envelope of the real request');
+});
+
+t.test('the context window bounds max_affordable_allowance when no budget does', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs: { tokenBudget: null } });
+  const res = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { model: 'gpt-4o', messages: [{ role: 'user', content: 'Hi' }] } }) });
+  const a = (await res.json()) as Json;
+  t.equal((a.budgets as Json).run, null);
+  t.equal(a.max_affordable_allowance, 300 - (a.longest_row as number));
+  t.equal((a.charge as Json).allowance, 300 - (a.longest_row as number), 'an unspecified allowance is clamped to the room left');
+});
