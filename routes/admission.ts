@@ -6,7 +6,7 @@ import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
-import { plan as planRequest } from '../server/pipeline/plan.js';
+import { plan as planRequest, rowFigures } from '../server/pipeline/plan.js';
 import { precheck, reservationOf, tokenBudgetError, moneyError } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
@@ -43,19 +43,9 @@ const route: FastifyPluginAsync = async (app) => {
       const r = checkAdmission(reservationOf(plan), budgets.state);
       if (!r.ok) refusal = r.scope === 'run' ? tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan) : moneyError(gw, plan, r);
     }
-    const rows = plan.rows;
     return {
       endpoint: call.endpoint,
-      model: plan.model,
-      upstream: plan.upstream.name,
-      rows: rows.rows,
-      row_tokens: rows.rowTokens,
-      longest_row: rows.longestRow,
-      longest_row_index: rows.longestRowIndex,
-      sum_tokens: rows.sumTokens,
-      count_method: rows.countMethod,
-      count_is_upper_bound: rows.upperBound,
-      context_window: plan.contextWindow,
+      ...rowFigures(plan.model, plan.upstream.name, plan.rows, plan.contextWindow),
       limits: { ...gw.config.limits },
       conversation: plan.conversation,
       conversation_source: plan.conversationSource,

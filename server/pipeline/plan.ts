@@ -118,6 +118,22 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
   return { conversation: `conv-${randomUUID()}`, source: 'new' as const };
 }
 
+/** The size figures of a plan, as /v1/admission shows them (also for a request refused for size). */
+export function rowFigures(model: string, upstream: string, rows: RowPlan, contextWindow: number | null) {
+  return {
+    model,
+    upstream,
+    rows: rows.rows,
+    row_tokens: rows.rowTokens,
+    longest_row: rows.longestRow,
+    longest_row_index: rows.longestRowIndex,
+    sum_tokens: rows.sumTokens,
+    count_method: rows.countMethod,
+    count_is_upper_bound: rows.upperBound,
+    context_window: contextWindow,
+  };
+}
+
 export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers): Promise<Plan> {
   const time = gw.clock();
   const upstream = gw.upstreams.route(valid.model);
@@ -141,18 +157,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
-    err.context = {
-      model: valid.model,
-      upstream: upstream.name,
-      rows: rows.rows,
-      row_tokens: rows.rowTokens,
-      longest_row: rows.longestRow,
-      longest_row_index: rows.longestRowIndex,
-      sum_tokens: rows.sumTokens,
-      count_method: rows.countMethod,
-      count_is_upper_bound: rows.upperBound,
-      context_window: contextWindow,
-    };
+    err.context = rowFigures(valid.model, upstream.name, rows, contextWindow);
     throw err;
   }
 

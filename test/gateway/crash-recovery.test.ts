@@ -2,44 +2,11 @@
 // its ledger row, no reservation is left open, and the run invariant holds (SPEC §9).
 
 import t from 'tap';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startOpenAiDouble } from '../doubles/openai.js';
-
-const root = new URL('../..', import.meta.url).pathname;
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-function startProcess(configPath: string, port: number): ChildProcess {
-  return spawn(process.execPath, ['--import', 'tsx', join(root, 'server/main.ts')], {
-    cwd: root,
-    env: { ...process.env, TOLLGATE_CONFIG: configPath, TOLLGATE_PORT: String(port), TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
-}
-
-async function waitReady(url: string): Promise<void> {
-  for (let i = 0; i < 200; i++) {
-    try {
-      if ((await fetch(`${url}/healthz`)).ok) return;
-    } catch {
-      // not yet
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error('gateway did not start');
-}
+import { startGatewayProcess } from '../helpers/process.js';
 
 t.test('SIGKILL under load, then restart', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 10, delayMs: 15 });
@@ -55,11 +22,10 @@ t.test('SIGKILL under load, then restart', async (t) => {
       logging: { level: 'silent' },
     }),
   );
-  const port = await freePort();
-  const url = `http://127.0.0.1:${port}`;
-  let child = startProcess(configPath, port);
+  const first = await startGatewayProcess(configPath);
+  let child = first.child;
   t.teardown(() => child.kill('SIGKILL'));
-  await waitReady(url);
+  const url = first.url;
 
   // 1. load: 60 requests, one conversation each, streamed slowly by the upstream
   const outcomes = Array.from({ length: 60 }, (_, i) =>
@@ -80,9 +46,9 @@ t.test('SIGKILL under load, then restart', async (t) => {
   t.ok(results.some((r) => r.status === 0), 'some requests were cut by the kill');
 
   // 3. restart on the same ledger file
-  child = startProcess(configPath, port);
-  await waitReady(url);
-  const ledger = await (await fetch(`${url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } })).text();
+  const second = await startGatewayProcess(configPath);
+  child = second.child;
+  const ledger = await (await fetch(`${second.url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } })).text();
   const rows = ledger.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, number | string | null>);
   const byConversation = new Map(rows.map((r) => [r.conversation, r]));
   for (const c of answered) t.ok(byConversation.has(c), `answered request ${c} has its ledger row`);

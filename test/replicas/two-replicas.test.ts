@@ -3,47 +3,16 @@
 // a replica killed with SIGKILL mid-load leaves the other serving and nothing lost.
 
 import t from 'tap';
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGatewayProcess as replica } from '../helpers/process.js';
 
 const PG = process.env.TOLLGATE_TEST_PG_URL;
-const root = new URL('../..', import.meta.url).pathname;
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-async function replica(configPath: string): Promise<{ url: string; child: ChildProcess }> {
-  const port = await freePort();
-  const child = spawn(process.execPath, ['--import', 'tsx', join(root, 'server/main.ts')], {
-    cwd: root,
-    env: { ...process.env, TOLLGATE_CONFIG: configPath, TOLLGATE_PORT: String(port), TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
-    stdio: ['ignore', 'ignore', 'inherit'],
-  });
-  const url = `http://127.0.0.1:${port}`;
-  for (let i = 0; i < 300; i++) {
-    try {
-      if ((await fetch(`${url}/healthz`)).ok) return { url, child };
-    } catch {
-      // starting
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  child.kill('SIGKILL');
-  throw new Error('replica did not start');
-}
 
 if (!PG) {
   t.comment('PostgreSQL variant NOT RUN: set TOLLGATE_TEST_PG_URL (.ci/run does)');
