@@ -147,12 +147,13 @@ export function chainHashes(messages: readonly ChatMessage[]): string[] {
  * which is as stable as such a client allows. Combine it with the conversation id: two
  * conversations asking the same first question have the same key.
  */
-export function runKey(messages: readonly ChatMessage[]): string {
+export function runKey(messages: readonly ChatMessage[], chain?: readonly string[]): string {
   let anchor = findLastUserIndex(messages);
   if (anchor < 0) {
     anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
     if (anchor < -1) anchor = messages.length - 1;
   }
   if (anchor < 0) return sha256Hex('');
-  return chainHashes(messages.slice(0, anchor + 1))[anchor]!;
+  // A caller that already has the chain of `messages` passes it: each link covers only its prefix.
+  return (chain ?? chainHashes(messages.slice(0, anchor + 1)))[anchor]!;
 }

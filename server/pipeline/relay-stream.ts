@@ -133,8 +133,15 @@ export async function relayStream(
   const parser = new SseParser();
   try {
     reading: for await (const piece of upstream.body) {
-      for (const event of parser.push(piece as Uint8Array)) {
-        if (!handle(event)) break reading;
+      // One socket write per upstream read, not one per event: each write is a syscall, and
+      // per-event writes were the largest cost of relaying a stream (bench/RESULTS.md).
+      res.cork();
+      try {
+        for (const event of parser.push(piece as Uint8Array)) {
+          if (!handle(event)) break reading;
+        }
+      } finally {
+        res.uncork();
       }
       if (out.clientGone) break;
     }
