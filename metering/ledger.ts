@@ -182,7 +182,8 @@ export interface Ledger {
 
   // Admission and settlement — each one atomic.
   admit(r: Reservation): Promise<AdmitResult>;
-  settle(id: string, s: Settlement): Promise<void>;
+  /** Settles a reservation; with `head`, records the conversation's new head in the same commit. */
+  settle(id: string, s: Settlement, head?: ConversationHead): Promise<void>;
 
   // Conversation state.
   getHead(conversation: string): Promise<ConversationHead | null>;

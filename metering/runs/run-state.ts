@@ -4,6 +4,7 @@
 
 import type { ChatMessage } from '../types.js';
 import { canonicalArguments, canonicalJson, sha256Hex } from './canonical-json.js';
+import { messageDigest } from '../message-digest.js';
 
 export interface BatchCall {
   id: string | null;
@@ -126,7 +127,8 @@ function readBatch(messages: readonly ChatMessage[], assistantIndex: number, wri
 }
 
 /**
- * Prefix-chain hashes: `h[i] = H(h[i−1] ‖ H(canonical JSON of message i))`, `h[−1] = ''`.
+ * Prefix-chain hashes: `h[i] = H(h[i−1] ‖ digest(message i))`, `h[−1] = ''` (digest: see
+ * metering/message-digest.ts).
  * `h[i]` identifies messages[0..i]; two requests share their first k messages exactly when their
  * `h[k−1]` match, which is how a conversation and its shared prefix are found without an id.
  */
@@ -134,7 +136,7 @@ export function chainHashes(messages: readonly ChatMessage[]): string[] {
   const out: string[] = [];
   let prev = '';
   for (const m of messages) {
-    prev = sha256Hex(`${prev}|${sha256Hex(canonicalJson(m))}`);
+    prev = sha256Hex(`${prev}|${messageDigest(m)}`);
     out.push(prev);
   }
   return out;

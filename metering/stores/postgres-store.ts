@@ -101,8 +101,12 @@ export class PostgresLedger implements Ledger {
     return this.tx((c) => admitLocked(c, r));
   }
 
-  async settle(id: string, s: Settlement): Promise<void> {
-    await this.tx((c) => settleLocked(c, id, (row) => fromSettlement(row, s)));
+  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<void> {
+    await this.tx(async (c) => {
+      const settled = await settleLocked(c, id, (row) => fromSettlement(row, s));
+      if (head) await upsertHead(c, head);
+      return settled;
+    });
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
@@ -130,31 +134,9 @@ export class PostgresLedger implements Ledger {
   }
 
   async putHead(h: ConversationHead): Promise<void> {
-    await this.pool.query(
-      `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
-         last_cost_usd, last_prompt_tokens, last_output_tokens, time)
-       VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12)
-       ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
-         model = excluded.model, tool_hash = excluded.tool_hash, chain = excluded.chain,
-         prefix = excluded.prefix, last_hash = excluded.last_hash,
-         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
-         last_output_tokens = excluded.last_output_tokens, time = excluded.time`,
-      [
-        h.conversation,
-        h.keyId,
-        h.tenant,
-        h.model,
-        h.toolHash,
-        JSON.stringify(h.chain),
-        JSON.stringify(h.prefix),
-        h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
-        h.lastCostUsd,
-        h.lastPromptTokens,
-        h.lastOutputTokens,
-        h.time,
-      ],
-    );
+    await upsertHead(this.pool, h);
   }
+
 
   async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
     if (chain.length === 0) return null;
@@ -290,4 +272,32 @@ export class PostgresLedger implements Ledger {
       after = { time: Number(last.time), id: String(last.id) };
     }
   }
+}
+
+/** Records a conversation's head (the previous request's chain, counts and cost). */
+async function upsertHead(db: pg.Pool | pg.PoolClient, h: ConversationHead): Promise<void> {
+  await db.query(
+    `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
+       last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12)
+     ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
+       model = excluded.model, tool_hash = excluded.tool_hash, chain = excluded.chain,
+       prefix = excluded.prefix, last_hash = excluded.last_hash,
+       last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
+       last_output_tokens = excluded.last_output_tokens, time = excluded.time`,
+    [
+      h.conversation,
+      h.keyId,
+      h.tenant,
+      h.model,
+      h.toolHash,
+      JSON.stringify(h.chain),
+      JSON.stringify(h.prefix),
+      h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
+      h.lastCostUsd,
+      h.lastPromptTokens,
+      h.lastOutputTokens,
+      h.time,
+    ],
+  );
 }

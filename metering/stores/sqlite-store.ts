@@ -67,7 +67,7 @@ export class SqliteLedger implements Ledger {
   private readonly db: Database.Database;
   private readonly q: SqliteStatements;
   private readonly admitTx: (r: Reservation) => AdmitResult;
-  private readonly settleTx: (id: string, build: (row: OpenRow) => SettleValues) => boolean;
+  private readonly settleTx: (id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead) => boolean;
 
   constructor(opts: SqliteLedgerOptions) {
     this.db = new Database(opts.path);
@@ -79,10 +79,12 @@ export class SqliteLedger implements Ledger {
     this.q = prepareSqlite(this.db);
     const admit = this.db.transaction((r: Reservation) => this.admitLocked(r));
     this.admitTx = (r) => admit.immediate(r);
-    const settle = this.db.transaction((id: string, build: (row: OpenRow) => SettleValues) =>
-      this.settleLocked(id, build),
-    );
-    this.settleTx = (id, build) => settle.immediate(id, build);
+    const settle = this.db.transaction((id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead) => {
+      const settled = this.settleLocked(id, build);
+      if (head) this.writeHead(head);
+      return settled;
+    });
+    this.settleTx = (id, build, head) => settle.immediate(id, build, head);
   }
 
   async migrate(): Promise<void> {
@@ -101,8 +103,8 @@ export class SqliteLedger implements Ledger {
     return this.admitTx(r);
   }
 
-  async settle(id: string, s: Settlement): Promise<void> {
-    this.settleTx(id, (row) => fromSettlement(row, s));
+  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<void> {
+    this.settleTx(id, (row) => fromSettlement(row, s), head);
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
@@ -199,6 +201,10 @@ export class SqliteLedger implements Ledger {
   }
 
   async putHead(h: ConversationHead): Promise<void> {
+    this.writeHead(h);
+  }
+
+  private writeHead(h: ConversationHead): void {
     this.q.putHead.run({
       conversation: h.conversation,
       key_id: h.keyId,

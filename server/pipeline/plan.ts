@@ -166,15 +166,15 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const chain = messages ? chainHashes(messages) : [];
   const { conversation, source } = await resolveConversation(gw, headers, principal, chain);
   const parent = header(headers, 'x-tollgate-parent');
+  const head = await gw.ledger.getHead(conversation);
   // A conversation (or parent) named by another tenant is not this tenant's to spend in or read.
   for (const named of source === 'header' ? [conversation, parent] : [parent]) {
     if (!named) continue;
-    const owner = (await gw.ledger.conversationSpend(named))?.tenant;
+    const owner = named === conversation && head ? head.tenant : (await gw.ledger.conversationSpend(named))?.tenant;
     if (owner && owner !== principal.tenant) {
       throw new GatewayError('invalid_request', `conversation "${named}" belongs to another tenant: choose another id`, {}, named === parent ? 'x-tollgate-parent' : 'x-tollgate-conversation');
     }
   }
-  const head = await gw.ledger.getHead(conversation);
   const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32) : `req-${randomUUID()}`;
   const runState = messages ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);

@@ -114,10 +114,15 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     res = await forward(plan, abort.signal);
   } catch (err) {
     upstreamMs = performance.now() - tForward;
-    const status = abort.signal.aborted ? 499 : err instanceof GatewayError ? err.status : 502;
-    settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true });
+    const clientGone = abort.signal.aborted;
+    const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 502;
+    // Only an upstream failure refunds the whole reservation; a client that left while the model
+    // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
+    settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone });
     if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(status);
+    // A 502/504 carries the settled figures too (whole refund), as an upstream's own error does.
+    if (!clientGone) reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });
     throw err;
   }
 

@@ -3,10 +3,10 @@
 
 import type { Gateway } from '../gateway.js';
 import type { Plan } from './plan.js';
-import type { Settlement, UpstreamFigures } from '../../metering/ledger.js';
+import type { ConversationHead, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
 import { turnCost } from '../../pricing/turn-cost.js';
-import { budgetNearCrossed, pricierNotice, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
+import { pricierNotice, BUDGET_NEAR_NOTICE, BUDGET_NEAR_SHARE } from '../../pricing/notices.js';
 
 type Json = Record<string, unknown>;
 
@@ -83,7 +83,6 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
         providerCostUsd: providerCost,
       });
 
-  const before = await gw.ledger.tenantMonth(plan.principal.tenant, plan.month);
   const settlement: Settlement = {
     status: o.status,
     generatedTokens: tokens.generated,
@@ -98,7 +97,25 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
     fallback: o.fallback,
     finishedAt: gw.clock(),
   };
-  await gw.ledger.settle(plan.id, settlement);
+  const succeeded = !o.refundAll && o.status < 400;
+  // The conversation's new head goes in the same commit as the settlement.
+  const head: ConversationHead | undefined =
+    succeeded && plan.chatCount && plan.mode === 'normal'
+      ? {
+          conversation: plan.conversation,
+          keyId: plan.principal.keyId,
+          tenant: plan.principal.tenant,
+          model: plan.model,
+          toolHash: plan.toolHash,
+          chain: plan.chain,
+          prefix: plan.chatCount.prefix,
+          lastCostUsd: cost.costUsd,
+          lastPromptTokens: plan.rows.sumTokens,
+          lastOutputTokens: tokens.generated,
+          time: plan.time,
+        }
+      : undefined;
+  await gw.ledger.settle(plan.id, settlement, head);
 
   const notices: string[] = [];
   const m = gw.metrics;
@@ -109,29 +126,15 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);
   if (evaluated !== null && !o.refundAll) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);
 
-  if (!o.refundAll && o.status < 400) {
-    // The 80 % notice: once per tenant per month, claimed in the store so replicas agree.
-    const tenant = await gw.ledger.getTenant(plan.principal.tenant);
-    if (before && cost.costUsd && tenant?.monthlyBudgetUsd != null) {
-      const after = before.spentUsd + cost.costUsd;
-      if (budgetNearCrossed(before.spentUsd, after, tenant.monthlyBudgetUsd) && (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month))) {
+  if (succeeded && cost.costUsd) {
+    // The 80 % notice: the first response that finds the month at or past 80 % claims it in the
+    // store, once per tenant per month, so concurrent requests and replicas agree.
+    const budget = (await gw.ledger.getTenant(plan.principal.tenant))?.monthlyBudgetUsd ?? null;
+    if (budget !== null) {
+      const { spentUsd } = await gw.ledger.tenantMonth(plan.principal.tenant, plan.month);
+      if (spentUsd >= budget * BUDGET_NEAR_SHARE && (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month))) {
         notices.push(BUDGET_NEAR_NOTICE);
       }
-    }
-    if (plan.chatCount && plan.mode === 'normal') {
-      await gw.ledger.putHead({
-        conversation: plan.conversation,
-        keyId: plan.principal.keyId,
-        tenant: plan.principal.tenant,
-        model: plan.model,
-        toolHash: plan.toolHash,
-        chain: plan.chain,
-        prefix: plan.chatCount.prefix,
-        lastCostUsd: cost.costUsd,
-        lastPromptTokens: plan.rows.sumTokens,
-        lastOutputTokens: tokens.generated,
-        time: plan.time,
-      });
     }
   }
   // What the client is told a turn cost: a plan turn spends no money, but with no list price its
