@@ -116,6 +116,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
 
   app.addHook('onClose', async () => {
     if (sweep) clearInterval(sweep);
+    await gateway.counters.close();
     await upstreams.close();
     if (!opts.ledger) await ledger.close();
   });

@@ -68,7 +68,7 @@ export interface Config {
   prices: { overrides: string | null; unpriced: 'refuse' | 'allow' };
   metrics: { token: string | null };
   logging: { level: string; prompts: boolean };
-  tokenCache: { maxBytes: number };
+  tokenCache: { maxBytes: number; workers: number };
 }
 
 export const DEFAULT_LIMITS = Object.freeze({
@@ -207,7 +207,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
       level: logging.oneOf('level', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info')!,
       prompts: logging.bool('prompts', false)!,
     },
-    tokenCache: { maxBytes: tokenCache.int('maxBytes', 16 * 1024 * 1024, 0, 1 << 30)! },
+    tokenCache: { maxBytes: tokenCache.int('maxBytes', 16 * 1024 * 1024, 0, 1 << 30)!, workers: tokenCache.int('workers', 1, 1, 2)! },
   };
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');

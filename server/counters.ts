@@ -16,15 +16,18 @@ export interface Counters {
   readonly estimate: TokenCounter;
   readonly cache: TokenCache;
   contextWindow(upstream: Upstream, model: string): Promise<number | null>;
+  /** Ends the tokenizer worker threads (ADR 0009); the app calls it on close. */
+  close(): Promise<void>;
 }
 
 export function gatewayCounters(config: Config, clock: () => number): Counters {
-  const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes });
+  const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes, workers: config.tokenCache.workers });
   const learnt = new Map<string, { window: number | null; at: number }>();
   const ref = (u: Upstream) => ({ kind: u.config.kind, baseUrl: u.config.baseUrl, dispatcher: u.dispatcher, apiKey: u.apiKey ?? undefined });
   return {
     estimate: inner.fallback,
     cache: inner.cache,
+    close: () => inner.close(),
     forModel: (upstream, model) => inner.counterFor(ref(upstream), model),
     async contextWindow(upstream) {
       if (upstream.config.contextWindow !== null) return upstream.config.contextWindow;

@@ -7,7 +7,9 @@ import { sharedTokenCache, TokenCache } from '../token-cache.js';
 import { ByteEstimateCounter } from './byte-estimate.js';
 import { LlamaCppCounter } from './llamacpp-counter.js';
 import { encodingForModel, TiktokenCounter } from './tiktoken-counter.js';
+import { CountPool } from './count-pool.js';
 
+export { CountPool, CountPoolError, type CountPoolStats } from './count-pool.js';
 export { ByteEstimateCounter, estimateTokens } from './byte-estimate.js';
 export { fetchContextWindow, LlamaCppCounter, LlamaCppCountError } from './llamacpp-counter.js';
 export { encodingForModel, TiktokenCounter } from './tiktoken-counter.js';
@@ -24,6 +26,8 @@ export interface CountersOptions {
   /** Bytes of per-message counts to keep (default 16 MiB); ignored when `cache` is given. */
   cacheBytes?: number;
   cache?: TokenCache;
+  /** Worker threads that count large texts off the main thread (1–2, default 1; ADR 0009). */
+  workers?: number;
 }
 
 export interface Counters {
@@ -31,18 +35,23 @@ export interface Counters {
   /** The byte estimate, for a caller falling back after a llama.cpp counting failure. */
   readonly fallback: TokenCounter;
   readonly cache: TokenCache;
+  /** Ends the counting workers; call on shutdown. */
+  close(): Promise<void>;
 }
 
 export function createCounters(opts: CountersOptions = {}): Counters {
   const cache =
     opts.cache ?? (opts.cacheBytes === undefined ? sharedTokenCache : new TokenCache(opts.cacheBytes));
   const fallback = new ByteEstimateCounter();
+  // Workers start only when a large text first needs one.
+  const pool = new CountPool({ size: opts.workers ?? 1 });
   const tiktoken = new Map<string, TiktokenCounter>();
   const llamacpp = new Map<string, LlamaCppCounter>();
 
   return {
     cache,
     fallback,
+    close: () => pool.close(),
     counterFor(upstream, model) {
       // A llama.cpp server tokenizes with its own vocabulary whatever the model is called.
       if (upstream.kind === 'llamacpp') {
@@ -58,7 +67,7 @@ export function createCounters(opts: CountersOptions = {}): Counters {
       if (encoding === null) return fallback;
       let c = tiktoken.get(encoding);
       if (c === undefined) {
-        c = new TiktokenCounter(encoding, { cache });
+        c = new TiktokenCounter(encoding, { cache, pool });
         tiktoken.set(encoding, c);
       }
       return c;

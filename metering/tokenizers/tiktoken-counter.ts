@@ -12,7 +12,8 @@ import type {
   ToolDefinition,
 } from '../types.js';
 import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
-import { countBounded } from './bounded-encode.js';
+import { countBounded, type PieceCount } from './bounded-encode.js';
+import type { CountPool } from './count-pool.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
 const PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [
@@ -72,17 +73,69 @@ const TOOL_CONSTANTS: Record<'o200k_base' | 'cl100k_base', ToolConstants> = {
 
 export interface TiktokenCounterOptions {
   cache?: TokenCache;
+  /**
+   * Worker threads for large texts (ADR 0009). Without one, every count runs inline on the calling
+   * thread, as a script or a unit test may want.
+   */
+  pool?: CountPool;
+  /** UTF-8 bytes counted inline per event-loop turn before work goes to the pool (default 16 KiB). */
+  inlineBytes?: number;
+}
+
+/** 16 KiB of prose takes ~3 ms to encode: the most one turn of the event loop spends inline. */
+export const DEFAULT_INLINE_BYTES = 16 * 1024;
+
+export interface TiktokenCounterStats {
+  /** Batches of texts counted on the calling thread. */
+  inline: number;
+  /** Batches of texts sent to the worker pool. */
+  pooled: number;
+}
+
+// Inline budget shared by every counter of the process: the stall to bound is the event loop's,
+// whichever encoding or request the inline work belonged to. It refills on the next turn, so a
+// burst of small rows (1,024 completions rows of 15 KB) does not add up to a long stall either.
+let inlineSpent = 0;
+let refillScheduled = false;
+
+function takeInline(bytes: number, limit: number): boolean {
+  if (inlineSpent + bytes > limit) return false;
+  inlineSpent += bytes;
+  if (!refillScheduled) {
+    refillScheduled = true;
+    setImmediate(() => {
+      inlineSpent = 0;
+      refillScheduled = false;
+    });
+  }
+  return true;
+}
+
+/** What one message or tool list costs: fixed tokens plus the texts still to encode. */
+interface Recipe {
+  fixed: number;
+  texts: string[];
+}
+
+interface Job {
+  key: string;
+  recipe: Recipe;
 }
 
 export class TiktokenCounter implements TokenCounter {
   readonly method: CountMethod;
   readonly encoding: TiktokenEncoding;
   private readonly cache: TokenCache;
+  private readonly pool: CountPool | null;
+  private readonly inlineBytes: number;
+  private readonly counts: TiktokenCounterStats = { inline: 0, pooled: 0 };
 
   constructor(encoding: TiktokenEncoding, opts: TiktokenCounterOptions = {}) {
     this.encoding = encoding;
     this.method = `tiktoken:${encoding}`;
     this.cache = opts.cache ?? sharedTokenCache;
+    this.pool = opts.pool ?? null;
+    this.inlineBytes = opts.inlineBytes ?? DEFAULT_INLINE_BYTES;
   }
 
   /** A counter for an OpenAI-family model name, or null when the name is not one. */
@@ -91,23 +144,100 @@ export class TiktokenCounter implements TokenCounter {
     return encoding === null ? null : new TiktokenCounter(encoding, opts);
   }
 
-  async countChat(prompt: ChatPrompt): Promise<ChatCount> {
-    return this.countChatSync(prompt);
+  /** Where counting work ran: for tests and the ADR's claims. */
+  stats(): TiktokenCounterStats {
+    return { ...this.counts };
   }
 
+  /**
+   * Cached messages cost a hash lookup on this thread. The rest are encoded together: inline when
+   * small, else in a worker, awaited (ADR 0009). Either way the same `countBounded` runs.
+   */
+  async countChat(prompt: ChatPrompt): Promise<ChatCount> {
+    const parts = this.chatParts(prompt);
+    const jobs = parts.filter((p): p is Job => 'recipe' in p);
+    const texts = jobs.flatMap((j) => j.recipe.texts);
+    const counts = await this.countTexts(texts);
+    return this.assemble(parts, jobs, counts);
+  }
+
+  /** The whole count on the calling thread, whatever its size. */
   countChatSync(prompt: ChatPrompt): ChatCount {
-    let upperBound = false;
+    const parts = this.chatParts(prompt);
+    const jobs = parts.filter((p): p is Job => 'recipe' in p);
+    const counts = jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t));
+    return this.assemble(parts, jobs, counts);
+  }
+
+  async countText(text: string): Promise<TextCount> {
+    const key = cacheKey(`${this.encoding}:text`, text);
+    let c = this.cache.get(key);
+    if (c === undefined) {
+      const [one] = await this.countTexts([text]);
+      c = { tokens: one.tokens, upperBound: one.split };
+      this.cache.set(key, c);
+    }
+    return { tokens: c.tokens, method: this.label(c.upperBound), upperBound: c.upperBound };
+  }
+
+  /** Per streamed chunk: small, synchronous, always inline. */
+  countOutput(text: string): number {
+    return countBounded(this.encoding, text).tokens;
+  }
+
+  private label(upperBound: boolean): CountMethod {
+    return upperBound ? `tiktoken:${this.encoding}:upper-bound` : this.method;
+  }
+
+  private async countTexts(texts: string[]): Promise<PieceCount[]> {
+    if (texts.length === 0) return [];
+    if (this.pool !== null) {
+      let bytes = 0;
+      for (const t of texts) bytes += Buffer.byteLength(t, 'utf8');
+      if (!takeInline(bytes, this.inlineBytes)) {
+        this.counts.pooled++;
+        return this.pool.count(this.encoding, texts);
+      }
+    }
+    this.counts.inline++;
+    return texts.map((t) => countBounded(this.encoding, t));
+  }
+
+  /** Tools first, then each message: a cached count, or a recipe to compute (with its cache key). */
+  private chatParts(prompt: ChatPrompt): Array<CachedCount | Job> {
+    const parts: Array<CachedCount | Job> = [];
     const offered = prompt.tools ?? [];
-    const tools =
-      offered.length > 0
-        ? this.cached('tools', offered, () => this.toolsCount(offered))
-        : { tokens: 0, upperBound: false };
-    upperBound ||= tools.upperBound;
-    const prefix: number[] = [tools.tokens];
-    for (const message of prompt.messages) {
-      const m = this.cached('message', message, () => this.messageCount(message));
-      upperBound ||= m.upperBound;
-      prefix.push(prefix[prefix.length - 1] + m.tokens);
+    parts.push(offered.length > 0 ? this.lookup('tools', offered, () => this.toolsRecipe(offered)) : { tokens: 0, upperBound: false });
+    for (const message of prompt.messages) parts.push(this.lookup('message', message, () => messageRecipe(message)));
+    return parts;
+  }
+
+  private lookup(kind: string, value: unknown, recipe: () => Recipe): CachedCount | Job {
+    const key = cacheKey(`${this.encoding}:${kind}`, value);
+    return this.cache.get(key) ?? { key, recipe: recipe() };
+  }
+
+  /** Sums each job's text counts (in order), caches them, and builds the running prefix. */
+  private assemble(parts: Array<CachedCount | Job>, jobs: Job[], counts: PieceCount[]): ChatCount {
+    const computed = new Map<Job, CachedCount>();
+    let next = 0;
+    for (const job of jobs) {
+      let tokens = job.recipe.fixed;
+      let upperBound = false;
+      for (let i = 0; i < job.recipe.texts.length; i++, next++) {
+        tokens += counts[next].tokens;
+        upperBound ||= counts[next].split;
+      }
+      const c = { tokens: Math.max(0, tokens), upperBound };
+      this.cache.set(job.key, c);
+      computed.set(job, c);
+    }
+    let upperBound = false;
+    const prefix: number[] = [];
+    for (const part of parts) {
+      const c = 'recipe' in part ? computed.get(part)! : part;
+      upperBound ||= c.upperBound;
+      prefix.push((prefix.length > 0 ? prefix[prefix.length - 1] : 0) + c.tokens);
     }
     return {
       tokens: prefix[prefix.length - 1] + REPLY_PRIMING,
@@ -117,101 +247,53 @@ export class TiktokenCounter implements TokenCounter {
     };
   }
 
-  async countText(text: string): Promise<TextCount> {
-    const c = this.cached('text', text, () => this.text(text));
-    return { tokens: c.tokens, method: this.label(c.upperBound), upperBound: c.upperBound };
-  }
-
-  countOutput(text: string): number {
-    return countBounded(this.encoding, text).tokens;
-  }
-
-  private label(upperBound: boolean): CountMethod {
-    return upperBound ? `tiktoken:${this.encoding}:upper-bound` : this.method;
-  }
-
-  private cached(kind: string, value: unknown, compute: () => CachedCount): CachedCount {
-    const key = cacheKey(`${this.encoding}:${kind}`, value);
-    const hit = this.cache.get(key);
-    if (hit !== undefined) return hit;
-    const fresh = compute();
-    this.cache.set(key, fresh);
-    return fresh;
-  }
-
-  private text(text: string): CachedCount {
-    const c = countBounded(this.encoding, text);
-    return { tokens: c.tokens, upperBound: c.split };
-  }
-
-  private messageCount(message: ChatMessage): CachedCount {
-    const acc = new Tally(this.encoding);
-    acc.add(PER_MESSAGE);
-    acc.text(message.role);
-    const content = message.content;
-    if (typeof content === 'string') acc.text(content);
-    else if (Array.isArray(content)) {
-      for (const part of content) {
-        if (typeof part.text === 'string') acc.text(part.text);
-        else if (part.type === 'image_url' || part.type === 'input_image') acc.add(PER_IMAGE_PART);
-      }
-    }
-    if (typeof message.name === 'string') {
-      acc.text(message.name);
-      acc.add(PER_NAME);
-    }
-    for (const call of message.tool_calls ?? []) {
-      acc.add(PER_TOOL_CALL);
-      acc.text(call.function?.name ?? '');
-      acc.text(call.function?.arguments ?? '');
-    }
-    // `tool_call_id` is routing metadata the model never reads: not counted.
-    return acc.result();
-  }
-
-  private toolsCount(tools: ToolDefinition[]): CachedCount {
+  private toolsRecipe(tools: ToolDefinition[]): Recipe {
     const k = TOOL_CONSTANTS[this.encoding === 'o200k_base' ? 'o200k_base' : 'cl100k_base'];
-    const acc = new Tally(this.encoding);
+    const r: Recipe = { fixed: 0, texts: [] };
     for (const tool of tools) {
       const fn = tool.function;
-      acc.add(k.funcInit);
-      acc.text(`${fn.name}:${stripPeriod(stringOr(fn.description))}`);
+      r.fixed += k.funcInit;
+      r.texts.push(`${fn.name}:${stripPeriod(stringOr(fn.description))}`);
       const properties = propertiesOf(fn.parameters);
       if (properties.length === 0) continue;
-      acc.add(k.propInit);
+      r.fixed += k.propInit;
       for (const [key, prop] of properties) {
-        acc.add(k.propKey);
+        r.fixed += k.propKey;
         if (Array.isArray(prop.enum)) {
-          acc.add(k.enumInit);
+          r.fixed += k.enumInit;
           for (const item of prop.enum) {
-            acc.add(k.enumItem);
-            acc.text(String(item));
+            r.fixed += k.enumItem;
+            r.texts.push(String(item));
           }
         }
-        acc.text(`${key}:${stringOr(prop.type)}:${stripPeriod(stringOr(prop.description))}`);
+        r.texts.push(`${key}:${stringOr(prop.type)}:${stripPeriod(stringOr(prop.description))}`);
       }
     }
-    acc.add(k.funcEnd);
-    return acc.result();
+    r.fixed += k.funcEnd;
+    return r;
   }
 }
 
-/** Running total of one message or tool list, remembering whether any text was cut. */
-class Tally {
-  private tokens = 0;
-  private upperBound = false;
-  constructor(private readonly encoding: TiktokenEncoding) {}
-  add(n: number): void {
-    this.tokens += n;
+function messageRecipe(message: ChatMessage): Recipe {
+  const r: Recipe = { fixed: PER_MESSAGE, texts: [message.role] };
+  const content = message.content;
+  if (typeof content === 'string') r.texts.push(content);
+  else if (Array.isArray(content)) {
+    for (const part of content) {
+      if (typeof part.text === 'string') r.texts.push(part.text);
+      else if (part.type === 'image_url' || part.type === 'input_image') r.fixed += PER_IMAGE_PART;
+    }
   }
-  text(s: string): void {
-    const c = countBounded(this.encoding, s);
-    this.tokens += c.tokens;
-    this.upperBound ||= c.split;
+  if (typeof message.name === 'string') {
+    r.texts.push(message.name);
+    r.fixed += PER_NAME;
   }
-  result(): CachedCount {
-    return { tokens: Math.max(0, this.tokens), upperBound: this.upperBound };
+  for (const call of message.tool_calls ?? []) {
+    r.fixed += PER_TOOL_CALL;
+    r.texts.push(call.function?.name ?? '', call.function?.arguments ?? '');
   }
+  // `tool_call_id` is routing metadata the model never reads: not counted.
+  return r;
 }
 
 function propertiesOf(parameters: Record<string, unknown> | undefined): Array<[string, Record<string, unknown>]> {
