@@ -1,12 +1,12 @@
 // One digest per message, computed once per request and shared by everything that needs to know
 // whether a message was seen before: the prefix chain (conversation inference, shared prefix) and
 // the per-message token-count cache. It is a digest of the message's canonical JSON (keys sorted,
-// null and absent alike — metering/runs/canonical-json.ts), with a fast path for the common flat
+// null and absent alike — metering/canonical-json.ts), with a fast path for the common flat
 // message ({role, content: string, name}) that skips building a normalised copy: per-message work
 // is what turn 100 of a conversation pays 200 times (bench/RESULTS.md).
 
 import { createHash } from 'node:crypto';
-import { canonicalJson } from './runs/canonical-json.js';
+import { canonicalJson } from './canonical-json.js';
 
 const digests = new WeakMap<object, string>();
 

@@ -3,6 +3,7 @@
 // hashes, so a message resent unchanged is never tokenized twice; the LRU is bounded in bytes so
 // a flood of distinct messages cannot grow memory without limit.
 import { createHash } from 'node:crypto';
+import { canonicalJson } from './canonical-json.js';
 
 export interface CachedCount {
   tokens: number;
@@ -87,21 +88,11 @@ function entryWeight(key: string): number {
 
 /**
  * A stable key for `value` under `namespace` (an encoding name, or a llama.cpp base URL): SHA-1 of
- * canonical JSON (object keys sorted), so `{role, content}` and `{content, role}` share an entry.
+ * canonical JSON (metering/canonical-json.ts), so `{role, content}` and `{content, role}` share an entry.
  * SHA-1 is used as a fast content fingerprint, not for security.
  */
 export function cacheKey(namespace: string, value: unknown): string {
   return createHash('sha1').update(namespace).update('\0').update(canonicalJson(value)).digest('hex');
-}
-
-export function canonicalJson(value: unknown): string {
-  if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null';
-  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
-  const record = value as Record<string, unknown>;
-  const keys = Object.keys(record)
-    .filter((k) => record[k] !== undefined)
-    .sort();
-  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonicalJson(record[k])}`).join(',')}}`;
 }
 
 /** The cache shared by every counter of the process unless a test passes its own. */

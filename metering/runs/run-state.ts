@@ -3,7 +3,7 @@
 // list a tool-using client resends every turn already holds the run's whole history.
 
 import type { ChatMessage } from '../types.js';
-import { canonicalArguments, canonicalJson, sha256Hex } from './canonical-json.js';
+import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.js';
 import { messageDigest } from '../message-digest.js';
 
 export interface BatchCall {

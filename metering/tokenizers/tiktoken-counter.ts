@@ -12,6 +12,7 @@ import type {
   ToolDefinition,
 } from '../types.js';
 import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
+import { messageDigest } from '../message-digest.js';
 import { countBounded, type PieceCount } from './bounded-encode.js';
 import type { CountPool } from './count-pool.js';
 
@@ -213,7 +214,8 @@ export class TiktokenCounter implements TokenCounter {
   }
 
   private lookup(kind: string, value: unknown, recipe: () => Recipe): CachedCount | Job {
-    const key = cacheKey(`${this.encoding}:${kind}`, value);
+    // A message's digest is computed once per request and shared with the prefix chain.
+    const key = kind === 'message' ? `${this.encoding}:message:${messageDigest(value as object)}` : cacheKey(`${this.encoding}:${kind}`, value);
     return this.cache.get(key) ?? { key, recipe: recipe() };
   }
 

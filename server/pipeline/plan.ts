@@ -15,7 +15,7 @@ import { checkSizes } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
-import { sha256Hex, canonicalJson } from '../../metering/runs/canonical-json.js';
+import { sha256Hex, canonicalJson } from '../../metering/canonical-json.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';

@@ -1,5 +1,6 @@
 import t from 'tap';
-import { cacheKey, canonicalJson, TokenCache } from '../../metering/token-cache.js';
+import { cacheKey, TokenCache } from '../../metering/token-cache.js';
+import { canonicalJson } from '../../metering/canonical-json.js';
 
 t.test('hits and misses are counted; recency decides eviction', async (t) => {
   const one = cacheKey('enc', 'a').length * 2 + 96; // the weight of one entry
