@@ -19,6 +19,15 @@ export const MAX_PIECE = 256;
  */
 export const SLACK_PER_CUT = 2;
 
+/**
+ * Characters of distinct long-run pieces that one count may encode. Past it, the rest
+ * of a long run counts as its UTF-8 byte length — a true upper bound, since a byte-level BPE token
+ * is at least one byte. Dense runs (base64, random bytes) encode at only ~2 MB/s, so without this
+ * a 1 MB blob took ~500 ms; with it, any text costs at most this much tiktoken work beyond its
+ * ordinary prose (ADR 0010).
+ */
+export const RUN_WORK_BUDGET = 8_192;
+
 // A run longer than MAX_PIECE. Ordinary prose never has one, so its counts stay exact.
 // Written as lookahead + backreference (an atomic group) rather than `\S{257,}`: V8 backtracks a
 // greedy counted quantifier position by position, which made a 1 MB run take ~200 ms and a 4 MB
@@ -49,15 +58,33 @@ export interface PieceCount {
 const PIECE_MEMO_LIMIT = 4096;
 const pieceMemo = new Map<string, Map<string, number>>();
 
-function countPiece(enc: Tiktoken, encoding: string, piece: string): number {
+/**
+ * Work left for one count: characters of distinct long-run pieces it may still encode. It depends
+ * on the text alone (a piece repeated within the text is free; the process-wide memo only saves
+ * time), so the same text always gets the same count — admission and the real request agree.
+ */
+interface Budget {
+  chars: number;
+  seen: Map<string, number>;
+}
+
+function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budget): number | null {
+  const again = budget.seen.get(piece);
+  if (again !== undefined) return again;
+  if (budget.chars <= 0) return null;
+  budget.chars -= piece.length;
   let memo = pieceMemo.get(encoding);
   if (memo === undefined) {
     memo = new Map();
     pieceMemo.set(encoding, memo);
   }
   const known = memo.get(piece);
-  if (known !== undefined) return known;
+  if (known !== undefined) {
+    budget.seen.set(piece, known);
+    return known;
+  }
   const n = enc.encode_ordinary(piece).length;
+  budget.seen.set(piece, n);
   if (memo.size >= PIECE_MEMO_LIMIT) memo.clear();
   memo.set(piece, n);
   return n;
@@ -75,10 +102,11 @@ export function countBounded(encoding: TiktokenEncoding, text: string): PieceCou
   let tokens = 0;
   let split = false;
   let last = 0;
+  const budget: Budget = { chars: RUN_WORK_BUDGET, seen: new Map() };
   LONG_RUN.lastIndex = 0;
   for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
     if (m.index > last) tokens += enc.encode_ordinary(text.slice(last, m.index)).length;
-    tokens += countRun(enc, encoding, m[0]);
+    tokens += countRun(enc, encoding, m[0], budget);
     split = true;
     last = m.index + m[0].length;
   }
@@ -86,14 +114,21 @@ export function countBounded(encoding: TiktokenEncoding, text: string): PieceCou
   return { tokens, split };
 }
 
-function countRun(enc: Tiktoken, encoding: string, run: string): number {
+function countRun(enc: Tiktoken, encoding: string, run: string, budget: Budget): number {
   let tokens = 0;
   let pieces = 0;
   for (let start = 0; start < run.length; ) {
     let end = Math.min(start + MAX_PIECE, run.length);
     // Never cut a surrogate pair in half: that would turn one character into two replacement ones.
     if (end < run.length && isHighSurrogate(run.charCodeAt(end - 1))) end--;
-    tokens += countPiece(enc, encoding, run.slice(start, end));
+    const n = countPiece(enc, encoding, run.slice(start, end), budget);
+    if (n === null) {
+      // Out of work budget: the rest of the run counts as its bytes (an upper bound).
+      tokens += Buffer.byteLength(start === 0 ? run : run.slice(start), 'utf8');
+      pieces++;
+      break;
+    }
+    tokens += n;
     pieces++;
     start = end;
   }
