@@ -12,6 +12,10 @@ export interface RecordedRequest {
   path: string;
   headers: IncomingMessage['headers'];
   body: Json | null;
+  /** Content chunks of a stream written for this request. */
+  chunksSent: number;
+  /** The connection closed before the double finished its answer (the client went away). */
+  closedEarly: boolean;
 }
 
 export interface OpenAiDoubleOptions {
@@ -24,6 +28,10 @@ export interface OpenAiDoubleOptions {
   failWith?: { status: number; body: unknown };
   /** Close the connection after this many content chunks of a stream. */
   dropAfterChunks?: number;
+  /** Send this many content chunks of a stream, then nothing more until the client goes away. */
+  stallAfterChunks?: number;
+  /** Never answer a generation request: hold it open until the client goes away. */
+  hang?: boolean;
   delayMs?: number;
   /** `usage.cost` to report (OpenRouter style). */
   providerCost?: number;
@@ -60,8 +68,13 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
   const server = createServer(async (req, res) => {
     const body = await readBody(req);
     const path = (req.url ?? '/').split('?')[0];
-    requests.push({ method: req.method ?? 'GET', path, headers: req.headers, body });
+    const recorded: RecordedRequest = { method: req.method ?? 'GET', path, headers: req.headers, body, chunksSent: 0, closedEarly: false };
+    requests.push(recorded);
+    res.on('close', () => {
+      if (!res.writableFinished) recorded.closedEarly = true;
+    });
     const o = options;
+    const heldUntilClosed = () => new Promise<void>((resolve) => (res.destroyed ? resolve() : res.once('close', () => resolve())));
     const json = (status: number, value: unknown) => {
       res.writeHead(status, { 'content-type': 'application/json' });
       res.end(JSON.stringify(value));
@@ -69,6 +82,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
     if (o.failWith) return json(o.failWith.status, o.failWith.body);
     if (req.method === 'GET' && path.endsWith('/models')) return json(200, { object: 'list', data: [{ id: 'gpt-4o-mini', object: 'model' }] });
     if (req.method !== 'POST' || !body) return json(404, { error: { message: 'not found', type: 'invalid_request_error', code: null } });
+    if (o.hang) return heldUntilClosed();
 
     const model = String(body.model ?? 'unknown');
     const n = typeof body.n === 'number' ? body.n : 1;
@@ -121,11 +135,16 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
       for (let t = 0; t < count; t++) {
         for (let index = 0; index < n; index++) {
           if (o.dropAfterChunks !== undefined && sent >= o.dropAfterChunks) {
+            // Let the chunks already written leave first (Node corks a response's writes until the
+            // next tick): the connection is lost after them, not instead of them.
+            await new Promise((r) => setImmediate(r));
             res.destroy();
             return;
           }
+          if (o.stallAfterChunks !== undefined && sent >= o.stallAfterChunks) return heldUntilClosed();
           send(chunk([isChat ? { index, delta: { content: word }, finish_reason: null } : { index, text: word, finish_reason: null }]));
           sent++;
+          recorded.chunksSent = sent;
         }
         if (o.delayMs) await sleep(o.delayMs);
         if (res.destroyed) return;

@@ -1,0 +1,120 @@
+// Client keys (SPEC §2.2, §8): with auth.keys configured a request needs a known key; the upstream
+// sees its own key (apiKeyEnv) and none of the client's credentials or other headers (SPEC §2.5).
+
+import t, { type Test } from 'tap';
+import { request as httpRequest } from 'node:http';
+import OpenAI from 'openai';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+
+/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
+async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
+  try {
+    await call;
+    return null;
+  } catch (err) {
+    if (err instanceof OpenAI.APIError) return err.status ?? null;
+    throw err;
+  }
+}
+
+const KEY = 'tg-foundation-key';
+const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8 };
+
+async function withKeys(t: Test) {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(
+    t,
+    { upstreams: [openaiUpstream(upstream.url)], auth: { keys: [{ key: KEY, tenant: 'acme' }] } },
+    { env: { DOUBLE_KEY: 'sk-upstream-own', TOLLGATE_ADMIN_TOKEN: 'admin-secret' } },
+  );
+  return { upstream, gw };
+}
+
+/** A raw HTTP request, so that hop-by-hop headers (which fetch forbids) can be sent. */
+function rawPost(url: string, headers: Record<string, string>, body: unknown): Promise<{ status: number; body: string }> {
+  const payload = JSON.stringify(body);
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(payload)), ...headers } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (text += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+    });
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+t.test('no key → 401 missing_api_key; wrong key → 401 invalid_api_key; nothing reaches the upstream', async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const post = (headers: Record<string, string>) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(chat) });
+
+  const none = await post({});
+  t.equal(none.status, 401);
+  t.equal(none.headers.get('x-should-retry'), 'false');
+  const noneBody = (await none.json()) as { error: { code: string; type: string; message: string } };
+  t.equal(noneBody.error.code, 'missing_api_key');
+  t.equal(noneBody.error.type, 'authentication_error');
+
+  const wrong = await post({ authorization: 'Bearer tg-not-a-key' });
+  t.equal(wrong.status, 401);
+  t.equal(((await wrong.json()) as { error: { code: string } }).error.code, 'invalid_api_key');
+
+  // GET /v1/models is a client route too
+  t.equal((await fetch(`${gw.url}/v1/models`)).status, 401);
+  t.equal((await fetch(`${gw.url}/v1/models`, { headers: { authorization: 'Bearer nope' } })).status, 401);
+
+  // The SDK surfaces it as an AuthenticationError (and does not retry a 401).
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-wrong' });
+  t.equal(await sdkStatus(client.chat.completions.create({ ...chat, messages: [{ role: 'user', content: 'hello' }] })), 401);
+  t.equal(upstream.requests.length, 0, 'refused before any upstream call');
+});
+
+t.test('right key → 200; the upstream sees its own key, never the client one', async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: KEY });
+  const data = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8 });
+  t.equal(data.choices[0].message.content, ' hi hi hi');
+  const seen = upstream.requests.at(-1)!;
+  t.equal(seen.headers.authorization, 'Bearer sk-upstream-own');
+  t.notOk(JSON.stringify(seen.headers).includes(KEY), 'the client key appears in no upstream header');
+  const rows = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows.length, 1);
+  t.equal(rows[0].tenant, 'acme', 'the request belongs to the key’s tenant');
+});
+
+t.test('hop-by-hop and other client headers are not forwarded', async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const res = await rawPost(
+    gw.url,
+    {
+      authorization: `Bearer ${KEY}`,
+      connection: 'keep-alive, x-hop',
+      'x-hop': 'hop-value',
+      'keep-alive': 'timeout=99',
+      'x-custom': 'custom-value',
+      cookie: 'session=cookie-value',
+      'proxy-authorization': 'Basic cHJveHk6c2VjcmV0',
+      'x-forwarded-for': '203.0.113.7',
+      'user-agent': 'client-agent/1.0',
+      'openai-organization': 'org-client',
+    },
+    chat,
+  );
+  t.equal(res.status, 200, res.body);
+  const seen = upstream.requests.at(-1)!;
+  for (const name of ['x-hop', 'keep-alive', 'x-custom', 'cookie', 'proxy-authorization', 'x-forwarded-for', 'openai-organization']) {
+    t.equal(seen.headers[name], undefined, `${name} not forwarded`);
+  }
+  t.not(seen.headers['user-agent'], 'client-agent/1.0', 'user-agent not forwarded');
+  t.notOk(String(seen.headers.connection ?? '').includes('x-hop'), 'the client’s Connection header is not forwarded');
+  const values = JSON.stringify(seen.headers);
+  for (const v of ['hop-value', 'custom-value', 'cookie-value', 'cHJveHk6c2VjcmV0', '203.0.113.7', 'org-client', KEY]) {
+    t.notOk(values.includes(v), `no client value ${v} upstream`);
+  }
+  t.equal(seen.headers.authorization, 'Bearer sk-upstream-own');
+});

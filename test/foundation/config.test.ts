@@ -1,0 +1,105 @@
+// Configuration (SPEC §8, STYLE §4): validated once, a bad field named in the error, defaults
+// filled in, the zero-config default taken from the environment, and the result frozen.
+
+import t from 'tap';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ConfigError, loadConfig, parseConfig } from '../../server/config.js';
+
+const upstream = (extra: Record<string, unknown> = {}) => ({ name: 'a', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', ...extra });
+
+/** The message of the ConfigError that parsing `raw` throws. */
+function configError(raw: unknown, env: NodeJS.ProcessEnv = {}): string {
+  try {
+    parseConfig(raw, env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.message;
+    throw err;
+  }
+  throw new Error('expected a ConfigError');
+}
+
+t.test('errors name the bad field', async (t) => {
+  t.match(
+    configError({ upstreams: [upstream(), upstream({ name: 'b', baseUrl: 'ftp://x' })] }),
+    /^upstreams\[1\]\.baseUrl: must be a URL/,
+    'the second upstream, by index',
+  );
+  t.match(configError({ upstreams: [upstream({ baseUrl: 'not a url' })] }), /^upstreams\[0\]\.baseUrl: must be a URL/);
+  t.match(configError({ upstream: [] }), /^upstream: unknown field/, 'a misspelt top-level field is not ignored');
+  t.match(configError({ limits: { maxRows: 0 } }), /^limits\.maxRows: must be an integer from 1 to/);
+  t.match(configError({ limits: { maxRows: '1024' } }), /^limits\.maxRows: must be an integer/);
+  t.match(configError({ runs: { maxToolRounds: 65 } }), /^runs\.maxToolRounds: must be an integer from 1 to 64/);
+  t.match(configError({ runs: { maxToolRounds: 0 } }), /^runs\.maxToolRounds: must be an integer from 1 to 64/);
+  t.match(configError({ auth: { keys: [{ key: 'tg-ok', tenant: 'a' }, { key: 'sk-bad', tenant: 'b' }] } }), /^auth\.keys\[1\]\.key: must start with "tg-"/);
+  t.match(configError({ upstreams: [upstream({ kind: 'vllm' })] }), /^upstreams\[0\]\.kind: must be one of "openai", "llamacpp"/);
+  t.match(configError({ upstreams: [upstream(), upstream()] }), /^upstreams\[1\]\.name: duplicate upstream name "a"/);
+  t.match(configError({ upstreams: [] }), /^upstreams: must list at least one upstream/);
+  t.match(configError({ upstreams: [{ kind: 'openai', baseUrl: 'http://x' }] }), /^upstreams\[0\]\.name: is required/);
+});
+
+t.test('defaults', async (t) => {
+  const c = parseConfig({ upstreams: [upstream()] }, {});
+  t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
+  t.same(c.runs, { tokenBudget: 65_536, maxToolRounds: 12, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: 1024, writeTools: [] });
+  t.same(c.store, { kind: 'sqlite', path: 'tollgate.db', synchronous: 'NORMAL' });
+  t.same(c.auth.keys, [], 'no keys: a loopback development setup');
+  t.equal(c.metrics.token, null, 'metrics open by default');
+  t.equal(c.logging.prompts, false, 'prompt text is not logged by default');
+  const u = c.upstreams[0];
+  t.equal(u.billing, 'metered', 'an openai upstream is metered by default');
+  t.same(u.models, ['*']);
+  t.equal(u.apiKeyEnv, null);
+  t.equal(u.prefixCache, true);
+  t.equal(u.baseUrl, 'http://127.0.0.1:9/v1');
+  t.equal(parseConfig({ upstreams: [upstream({ kind: 'llamacpp' })] }, {}).upstreams[0].billing, 'local', 'a llama.cpp upstream is local by default');
+  t.equal(parseConfig({ upstreams: [upstream({ baseUrl: 'http://h:1/v1/' })] }, {}).upstreams[0].baseUrl, 'http://h:1/v1', 'trailing slash dropped');
+  t.equal(parseConfig({ upstreams: [upstream()], runs: { maxToolRounds: null } }, {}).runs.maxToolRounds, null, 'null turns a bound off');
+});
+
+t.test('zero-config default: llama.cpp on 127.0.0.1:8080, or OpenAI from the environment', async (t) => {
+  const local = parseConfig({}, {});
+  t.equal(local.upstreams.length, 1);
+  t.match(local.upstreams[0], { name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:8080', billing: 'local', models: ['*'] });
+  t.equal(local.store.kind, 'sqlite', 'an embedded SQLite ledger');
+
+  const fromEnv = parseConfig({}, { OPENAI_BASE_URL: 'http://127.0.0.1:7777/v1', OPENAI_API_KEY: 'sk-x' });
+  t.match(fromEnv.upstreams[0], { kind: 'openai', baseUrl: 'http://127.0.0.1:7777/v1', apiKeyEnv: 'OPENAI_API_KEY', billing: 'metered' });
+  const keyOnly = parseConfig({}, { OPENAI_API_KEY: 'sk-x' });
+  t.match(keyOnly.upstreams[0], { kind: 'openai', baseUrl: 'https://api.openai.com/v1' });
+
+  // loadConfig without TOLLGATE_CONFIG serves the same default.
+  t.same(loadConfig({}), local);
+  t.same(loadConfig({ OPENAI_API_KEY: 'sk-x' }), keyOnly);
+});
+
+t.test('config is frozen, deeply', async (t) => {
+  const c = parseConfig({ upstreams: [upstream()], auth: { keys: [{ key: 'tg-a', tenant: 'a' }] } }, {});
+  t.ok(Object.isFrozen(c));
+  t.ok(Object.isFrozen(c.limits));
+  t.ok(Object.isFrozen(c.upstreams));
+  t.ok(Object.isFrozen(c.upstreams[0]));
+  t.ok(Object.isFrozen(c.auth.keys[0]));
+  t.throws(() => {
+    (c.limits as { maxRows: number }).maxRows = 1;
+  }, TypeError);
+  t.equal(c.limits.maxRows, 1024);
+});
+
+t.test('loadConfig reads TOLLGATE_CONFIG and names what is wrong with it', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-config-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const good = join(dir, 'good.json');
+  writeFileSync(good, JSON.stringify({ upstreams: [upstream()], limits: { maxRows: 7 } }));
+  t.equal(loadConfig({ TOLLGATE_CONFIG: good }).limits.maxRows, 7);
+
+  const bad = join(dir, 'bad.json');
+  writeFileSync(bad, JSON.stringify({ upstreams: [upstream({ baseUrl: 'nope' })] }));
+  t.throws(() => loadConfig({ TOLLGATE_CONFIG: bad }), { name: 'ConfigError', message: /^upstreams\[0\]\.baseUrl: must be a URL/ });
+
+  const notJson = join(dir, 'broken.json');
+  writeFileSync(notJson, '{ "upstreams": [');
+  t.throws(() => loadConfig({ TOLLGATE_CONFIG: notJson }), { name: 'ConfigError', message: /^TOLLGATE_CONFIG: .*broken\.json is not valid JSON/ });
+  t.throws(() => loadConfig({ TOLLGATE_CONFIG: join(dir, 'missing.json') }), { name: 'ConfigError', message: /^TOLLGATE_CONFIG: cannot read .*missing\.json/ });
+});

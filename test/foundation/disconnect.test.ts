@@ -1,0 +1,184 @@
+// Client disconnect and upstream loss (SPEC §2.7, §11).
+// - A client that goes away makes the gateway abort the upstream request at once, and the ledger
+//   row is settled as 499, charged the prompt + what was generated, the rest refunded.
+// - An upstream lost mid-stream: the client's stream still ends cleanly, charged prompt + generated
+//   so far, the rest refunded.
+// The doubles stall (hold the connection open, sending nothing) rather than sleep, so the tests
+// wait on events, never on time: an upstream that was not aborted would stay open until teardown.
+
+import t, { type Test } from 'tap';
+import OpenAI from 'openai';
+import { startOpenAiDouble, type RecordedRequest } from '../doubles/openai.js';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
+import type { LedgerRow } from '../../metering/ledger.js';
+
+const tick = () => new Promise((r) => setTimeout(r, 10));
+
+async function until<T>(what: string, probe: () => T | null | undefined | false | Promise<T | null | undefined | false>): Promise<T> {
+  // Bounded only by tap's own test timeout: no assertion depends on how long this takes.
+  for (;;) {
+    const v = await probe();
+    if (v) return v;
+    await tick();
+  }
+}
+
+async function onlyRow(gw: TestGateway): Promise<LedgerRow> {
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  if (rows.length !== 1) throw new Error(`expected one ledger row, found ${rows.length}`);
+  return rows[0];
+}
+
+const settledRow = (gw: TestGateway) => until('row settled', async () => {
+  const row = await onlyRow(gw).catch(() => null);
+  return row && row.state === 'settled' ? row : null;
+});
+
+/** Reads SSE `data:` events from a fetch body until `enough` says stop; returns them parsed. */
+async function readEvents(body: ReadableStream<Uint8Array>, enough: (events: Array<Record<string, unknown>>) => boolean): Promise<Array<Record<string, unknown>>> {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  const events: Array<Record<string, unknown>> = [];
+  let buffer = '';
+  while (!enough(events)) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let at: number;
+    while ((at = buffer.indexOf('\n\n')) !== -1) {
+      const event = buffer.slice(0, at);
+      buffer = buffer.slice(at + 2);
+      if (event.startsWith('data: ') && !event.startsWith('data: [DONE]')) events.push(JSON.parse(event.slice(6)) as Record<string, unknown>);
+    }
+  }
+  reader.releaseLock();
+  return events;
+}
+
+const contentChunks = (events: Array<Record<string, unknown>>) =>
+  events.filter((e) => Array.isArray(e.choices) && e.choices.some((c: { delta?: { content?: string } }) => (c.delta?.content ?? '') !== '')).length;
+
+async function gatewayWith(t: Test, opts: Parameters<typeof startOpenAiDouble>[0]) {
+  const upstream = await startOpenAiDouble(opts);
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  return { upstream, gw };
+}
+
+t.test('client aborts a stream mid-way: upstream aborted, 499, charged prompt + streamed', async (t) => {
+  // 1. the upstream streams 3 tokens, then stalls with the connection open
+  const { upstream, gw } = await gatewayWith(t, { completionTokens: 50, stallAfterChunks: 3 });
+  const abort = new AbortController();
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'stream then leave' }], max_tokens: 40, stream: true }),
+    signal: abort.signal,
+  });
+  t.equal(res.status, 200);
+  const reserved = Number(res.headers.get('x-tollgate-reserved-tokens'));
+  const events = await readEvents(res.body!, (e) => contentChunks(e) >= 3);
+  t.equal(contentChunks(events), 3, 'the client read three tokens');
+  const seen: RecordedRequest = upstream.requests.at(-1)!;
+  t.equal(seen.chunksSent, 3);
+  t.notOk(seen.closedEarly, 'upstream still open while the client reads');
+
+  // 2. the client goes away: the gateway closes the upstream request (not left to stall)
+  abort.abort();
+  await until('upstream closed', () => seen.closedEarly);
+  t.ok(seen.closedEarly, 'the upstream saw its request closed before it finished');
+
+  // 3. settled: 499, prompt + 3 generated, the other 37 refunded
+  const row = await settledRow(gw);
+  t.equal(row.status, 499);
+  t.equal(row.reserved_tokens, reserved);
+  t.equal(row.allowance, 40);
+  t.equal(row.generated_tokens, 3);
+  t.equal(row.charge_tokens, row.prompt_charge + 3);
+  t.equal(row.refund_tokens, 37);
+  t.equal(row.charge_tokens! + row.refund_tokens!, row.reserved_tokens);
+});
+
+t.test('client aborts a non-streamed request while waiting: upstream aborted, 499, prompt charged', async (t) => {
+  // 1. the upstream never answers
+  const { upstream, gw } = await gatewayWith(t, { hang: true });
+  const abort = new AbortController();
+  const pending = fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'wait then leave' }], max_tokens: 40 }),
+    signal: abort.signal,
+  });
+  const seen = await until('upstream got the request', () => upstream.requests.at(-1));
+  // 2. the reservation is open while the request waits
+  const open = await onlyRow(gw);
+  t.equal(open.state, 'reserved');
+  abort.abort();
+  await t.rejects(pending, { name: 'AbortError' });
+
+  // 3. the gateway aborts the upstream request and settles what the model read
+  await until('upstream closed', () => seen.closedEarly);
+  t.ok(seen.closedEarly);
+  const row = await settledRow(gw);
+  t.equal(row.status, 499);
+  t.equal(row.generated_tokens, 0, 'nothing came back');
+  t.equal(row.charge_tokens, row.prompt_charge, 'the prompt was read by the model: charged');
+  t.ok(row.prompt_charge > 0);
+  t.equal(row.refund_tokens, 40, 'the whole allowance refunded');
+});
+
+t.test('OpenAI upstream lost mid-stream: clean end for the client, charged prompt + generated', async (t) => {
+  const { gw } = await gatewayWith(t, { completionTokens: 30, dropAfterChunks: 4 });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const { data: stream, response } = await client.chat.completions
+    .create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'lose me' }], max_tokens: 30, stream: true, stream_options: { include_usage: true } })
+    .withResponse();
+  let text = '';
+  let finish: string | null = null;
+  let usage: { completion_tokens: number } | null = null;
+  // 1. the SDK's iteration ends without an error
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.delta?.content ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  t.equal(text, ' hi hi hi hi', 'the four tokens that came');
+  t.equal(finish, 'length', 'the open choice is ended by the gateway');
+  t.equal(usage?.completion_tokens, 4, 'usage counts what was generated');
+  const reserved = Number(response.headers.get('x-tollgate-reserved-tokens'));
+  // 2. prompt + 4 charged, 26 refunded
+  const row = await settledRow(gw);
+  t.equal(row.reserved_tokens, reserved);
+  t.equal(row.generated_tokens, 4);
+  t.equal(row.charge_tokens, row.prompt_charge + 4);
+  t.equal(row.refund_tokens, 26);
+});
+
+t.test('llama.cpp upstream lost mid-stream: clean end, trailer with the settled figures', async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 20, dropMidStream: 4, delayMs: 1 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'lose me too' }], max_tokens: 20, stream: true }),
+  });
+  t.equal(res.status, 200);
+  const text = await res.text();
+  // 1. a clean end: a length finish for the open choice, the settled comment, then [DONE]
+  t.match(text, /"finish_reason":"length"/);
+  t.ok(text.endsWith('data: [DONE]\n\n'));
+  const trailer = /^: tollgate (.*)$/m.exec(text);
+  t.ok(trailer, 'the settled figures in a closing comment');
+  const settled = JSON.parse(trailer![1]) as { charge_tokens: number; refund_tokens: number };
+  const content = text.split('\n\n').filter((e) => /"content":"[^"]+"/.test(e)).length;
+  t.ok(content > 0 && content < 20, `some tokens came before the drop (${content})`);
+  // 2. prompt + what came charged, the rest refunded
+  const row = await settledRow(gw);
+  t.equal(row.generated_tokens, content);
+  t.equal(row.charge_tokens, row.prompt_charge + content);
+  t.equal(row.refund_tokens, 20 - content);
+  t.same(settled, { charge_tokens: row.charge_tokens, refund_tokens: row.refund_tokens, cost_usd: 0 });
+});

@@ -1,0 +1,120 @@
+// GET /v1/models, /healthz, /readyz and /metrics (SPEC §8, §10, §11), against real upstream
+// doubles (OpenAI-compatible and llama.cpp) and one upstream that is down.
+
+import t from 'tap';
+import OpenAI from 'openai';
+import { createServer } from 'node:net';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.js';
+
+/** A port nothing listens on (bound, then released). */
+async function deadPort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+interface ModelEntry {
+  id: string;
+  upstream: string;
+  billing: string;
+  context_window: number | null;
+}
+
+t.test('GET /v1/models is the union of the upstreams, with upstream, billing and context window', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const llama = await startLlamaCppDouble({ nCtx: 2048 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, {
+    upstreams: [
+      openaiUpstream(openai.url, { models: ['gpt-4o', 'gpt-4o-mini'], contextWindow: 128000 }),
+      { name: 'plan', kind: 'openai', baseUrl: `${openai.url}/v1`, models: ['o3', 'gpt-4o'], billing: 'plan' },
+      llamaUpstream(llama.url, { models: ['qwen-local'] }),
+    ],
+  });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  const list: ModelEntry[] = [];
+  for await (const m of client.models.list()) list.push(m as unknown as ModelEntry);
+  const byId = new Map(list.map((m) => [m.id, m]));
+  t.same([...byId.keys()].sort(), ['gpt-4o', 'gpt-4o-mini', 'o3', 'qwen-local'], 'each model once');
+  t.match(byId.get('gpt-4o'), { upstream: 'openai', billing: 'metered', context_window: 128000 }, 'the first upstream that lists it');
+  t.match(byId.get('o3'), { upstream: 'plan', billing: 'plan', context_window: null }, 'unknown window is null, not a guess');
+  t.match(byId.get('qwen-local'), { upstream: 'local', billing: 'local', context_window: 2048 }, "llama.cpp's own n_ctx from /props");
+});
+
+t.test('/healthz answers; /readyz reports the store and each upstream reachable or not', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const down = await deadPort();
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(openai.url), llamaUpstream(llama.url), { name: 'down', kind: 'openai', baseUrl: `http://127.0.0.1:${down}/v1`, models: ['x-*'] }],
+  });
+  const health = await fetch(`${gw.url}/healthz`);
+  t.equal(health.status, 200);
+  t.same(await health.json(), { status: 'ok' });
+
+  const ready = await fetch(`${gw.url}/readyz`);
+  t.equal(ready.status, 200, 'one upstream down does not make the gateway unready');
+  const body = (await ready.json()) as { status: string; store: { ok: boolean; kind: string }; upstreams: Array<{ name: string; reachable: boolean }> };
+  t.equal(body.status, 'ready');
+  t.same(body.store, { ok: true, kind: 'sqlite' });
+  const up = new Map(body.upstreams.map((u) => [u.name, u.reachable]));
+  t.equal(up.get('openai'), true);
+  t.equal(up.get('local'), true);
+  t.equal(up.get('down'), false);
+  // The probes really went to the upstreams: OpenAI's model list, llama.cpp's /health.
+  t.ok(openai.requests.some((r) => r.method === 'GET' && r.path === '/v1/models'));
+  t.ok(llama.requests.some((r) => r.method === 'GET' && r.path === '/health'));
+
+  // A store that no longer answers makes the gateway not ready (503).
+  await gw.ledger.close();
+  const broken = await fetch(`${gw.url}/readyz`);
+  t.equal(broken.status, 503);
+  t.match(await broken.json(), { status: 'not ready', store: { ok: false } });
+});
+
+t.test('/metrics: Prometheus text with requests, upstream duration and gateway overhead', async (t) => {
+  const openai = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'm' }], max_tokens: 4 });
+  await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'm' }], max_tokens: 4 });
+  openai.options.failWith = { status: 400, body: { error: { message: 'bad', type: 'invalid_request_error', param: null, code: 'bad' } } };
+  await t.rejects(client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'm' }], max_tokens: 4 }));
+
+  const res = await fetch(`${gw.url}/metrics`);
+  t.equal(res.status, 200);
+  t.match(res.headers.get('content-type') ?? '', /^text\/plain/);
+  const text = await res.text();
+  t.match(text, /# TYPE tollgate_requests_total counter/);
+  t.match(text, /tollgate_requests_total\{route="chat",upstream="openai",status="200"\} 2\n/);
+  t.match(text, /tollgate_requests_total\{route="chat",upstream="openai",status="400"\} 1\n/);
+  t.match(text, /# TYPE tollgate_upstream_duration_seconds histogram/);
+  t.match(text, /tollgate_upstream_duration_seconds_count\{upstream="openai"\} 3\n/);
+  t.match(text, /# TYPE tollgate_gateway_overhead_seconds histogram/);
+  t.match(text, /tollgate_gateway_overhead_seconds_count\{route="chat"\} 3\n/);
+  t.notMatch(text, /conversation="/, 'no conversation ids as labels');
+});
+
+t.test('/metrics with metrics.token configured needs the token', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)], metrics: { token: 'scrape-secret' } });
+  const none = await fetch(`${gw.url}/metrics`);
+  t.equal(none.status, 401);
+  t.match(await none.json(), { error: { code: 'admin_token_required' } });
+  t.equal((await fetch(`${gw.url}/metrics`, { headers: { authorization: 'Bearer wrong' } })).status, 401);
+  t.equal((await fetch(`${gw.url}/metrics`, { headers: { authorization: 'Bearer admin-secret' } })).status, 401, 'the admin token is not the metrics token');
+  const ok = await fetch(`${gw.url}/metrics`, { headers: { authorization: 'Bearer scrape-secret' } });
+  t.equal(ok.status, 200);
+  t.match(await ok.text(), /tollgate_requests_total/);
+});

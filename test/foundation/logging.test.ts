@@ -1,0 +1,127 @@
+// Logging (SPEC §10, STYLE §8): one pino JSON line per request — 'request settled' with id, tenant,
+// model, upstream, status, tokens, charge, cost and overhead — and never a key or prompt text.
+
+import t, { type Test } from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Writable } from 'node:stream';
+import OpenAI from 'openai';
+import { Registry } from 'prom-client';
+import { buildApp } from '../../server/app.js';
+import { parseConfig } from '../../server/config.js';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { openaiUpstream } from '../helpers/gateway.js';
+
+/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
+async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
+  try {
+    await call;
+    return null;
+  } catch (err) {
+    if (err instanceof OpenAI.APIError) return err.status ?? null;
+    throw err;
+  }
+}
+
+const KEY = 'tg-secret-4f9c2e7a1b';
+const UPSTREAM_KEY = 'sk-upstream-9d3b';
+const PROMPT = 'purple-elephant-sonata-7731 tell me about it';
+
+type Line = Record<string, unknown>;
+
+async function loggedGateway(t: Test, level: string) {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-log-'));
+  let output = '';
+  const stream = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      output += chunk.toString('utf8');
+      done();
+    },
+  });
+  const config = parseConfig(
+    {
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [openaiUpstream(upstream.url, { billing: 'local' }), { name: 'down', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['down-*'], billing: 'local' }],
+      auth: { keys: [{ key: KEY, tenant: 'acme' }] },
+    },
+    {},
+  );
+  const app = await buildApp({ config, registry: new Registry(), env: { DOUBLE_KEY: UPSTREAM_KEY, TOLLGATE_ADMIN_TOKEN: 'admin-secret' }, logger: { level, stream } });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  t.teardown(async () => {
+    await app.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : 0;
+  const lines = () =>
+    output
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as Line);
+  return { url: `http://127.0.0.1:${port}`, output: () => output, lines, upstream };
+}
+
+t.test("exactly one 'request settled' line per request, with the figures", async (t) => {
+  const gw = await loggedGateway(t, 'info');
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: KEY, maxRetries: 0 });
+  // 1. a non-streamed and a streamed chat request
+  const { response } = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10 }).withResponse();
+  const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: `${PROMPT} again` }], max_tokens: 10, stream: true });
+  for await (const chunk of stream) void chunk;
+
+  const settled = gw.lines().filter((l) => l.msg === 'request settled');
+  t.equal(settled.length, 2, 'one line per request');
+  const [first, second] = settled;
+  t.match(first, {
+    level: 30,
+    id: String,
+    tenant: 'acme',
+    model: 'gpt-4o',
+    upstream: 'openai',
+    status: 200,
+    prompt_tokens: Number,
+    reserved_tokens: Number,
+    charge_tokens: Number,
+    cost_usd: 0,
+    overhead_ms: Number,
+  });
+  t.equal(first.charge_tokens, Number(response.headers.get('x-tollgate-charge-tokens')), 'the charge the client was told');
+  t.equal(first.reserved_tokens, Number(response.headers.get('x-tollgate-reserved-tokens')));
+  t.ok((first.overhead_ms as number) >= 0);
+  t.not(first.id, second.id, 'each request its own id');
+  t.match(second, { status: 200, model: 'gpt-4o', tenant: 'acme' });
+
+  // 2. a failing request is logged the same way, once
+  const before = gw.lines().filter((l) => l.msg === 'request settled').length;
+  t.equal(await sdkStatus(client.chat.completions.create({ model: 'down-1', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10 })), 502);
+  const after = gw.lines().filter((l) => l.msg === 'request settled');
+  t.equal(after.length, before + 1);
+  t.match(after.at(-1), { status: 502, upstream: 'down', charge_tokens: 0 });
+});
+
+t.test('neither the key nor the prompt text appears anywhere in the log, even at trace level', async (t) => {
+  const gw = await loggedGateway(t, 'trace');
+  const post = (body: unknown, key = KEY) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` }, body: JSON.stringify(body) });
+  t.equal((await post({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10 })).status, 200);
+  t.equal((await post({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10, stream: true })).status, 200);
+  t.equal((await post({ model: 'down-1', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10 })).status, 502);
+  t.equal((await post({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }] }, `${KEY}-wrong`)).status, 401);
+  t.equal((await post({ model: 'gpt-4o', messages: 'not a list', note: PROMPT })).status, 400);
+  const completions = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'gpt-4o', prompt: PROMPT, max_tokens: 5 }),
+  });
+  t.equal(completions.status, 200);
+  const out = gw.output();
+  t.ok(out.length > 0, 'something was logged');
+  t.equal(gw.lines().filter((l) => l.msg === 'request settled').length, 4, 'the four requests that reached the pipeline');
+  for (const secret of [KEY, 'tg-secret', UPSTREAM_KEY, 'purple-elephant', 'sonata-7731']) {
+    t.notOk(out.includes(secret), `"${secret}" is not in the log`);
+  }
+});

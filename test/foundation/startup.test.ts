@@ -1,0 +1,156 @@
+// Start-up (SPEC §8): server/main.ts run as a process. With no config it serves the zero-config
+// default on TOLLGATE_PORT at 127.0.0.1; a non-loopback address without client keys and a bad
+// config file are both refused at start with a message naming the problem and a non-zero exit.
+
+import t from 'tap';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const root = new URL('../..', import.meta.url).pathname;
+// The process runs in a temp folder (the default ledger file lands there), so tsx is given by URL.
+const tsx = import.meta.resolve('tsx');
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+interface Started {
+  child: ChildProcess;
+  stdout: () => string;
+  stderr: () => string;
+  exited: Promise<number | null>;
+}
+
+function start(cwd: string, env: Record<string, string>): Started {
+  // Only what the test chooses: no TOLLGATE_CONFIG, OPENAI_* or TOLLGATE_HOST from the outer shell.
+  const base: Record<string, string> = { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? cwd };
+  const child = spawn(process.execPath, ['--import', tsx, join(root, 'server/main.ts')], {
+    cwd,
+    env: { ...base, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  let err = '';
+  child.stdout?.on('data', (d: Buffer) => (out += d.toString('utf8')));
+  child.stderr?.on('data', (d: Buffer) => (err += d.toString('utf8')));
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  return { child, stdout: () => out, stderr: () => err, exited };
+}
+
+async function waitHealthy(url: string, s: Started): Promise<void> {
+  let done = false;
+  void s.exited.then(() => (done = true));
+  while (!done) {
+    try {
+      if ((await fetch(`${url}/healthz`)).ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`gateway exited before answering: ${s.stderr()}`);
+}
+
+function tempDir(t: { teardown(fn: () => void): void }): string {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-start-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+t.test('no config: listens on TOLLGATE_PORT at 127.0.0.1 and /healthz answers', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const s = start(dir, { TOLLGATE_PORT: String(port) });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await waitHealthy(url, s);
+  const health = await fetch(`${url}/healthz`);
+  t.same(await health.json(), { status: 'ok' });
+
+  // 1. the zero-config upstream: a llama.cpp server on 127.0.0.1:8080, free, serving every model
+  const models = (await (await fetch(`${url}/v1/models`)).json()) as { data: Array<Record<string, unknown>> };
+  t.match(models.data, [{ id: '*', upstream: 'local', billing: 'local' }]);
+  // 2. the listening line says where: loopback, the port asked for
+  const listening = s
+    .stdout()
+    .split('\n')
+    .filter((l) => l.includes('tollgate listening'))
+    .map((l) => JSON.parse(l) as { host: string; port: number; store: string });
+  t.equal(listening.length, 1);
+  t.match(listening[0], { host: '127.0.0.1', port, store: 'sqlite' });
+
+  // 3. SIGTERM shuts down gracefully with exit code 0
+  s.child.kill('SIGTERM');
+  t.equal(await s.exited, 0);
+});
+
+t.test('TOLLGATE_HOST=0.0.0.0 without auth.keys is refused at start', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '0.0.0.0' });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  const code = await s.exited;
+  t.not(code, 0, 'non-zero exit');
+  t.not(code, null);
+  t.match(s.stderr(), /refusing to listen on 0\.0\.0\.0 without client keys/);
+  t.match(s.stderr(), /auth\.keys/, 'says what to add');
+  await t.rejects(fetch(`http://127.0.0.1:${port}/healthz`), 'nothing listens');
+});
+
+t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const config = join(dir, 'config.json');
+  writeFileSync(
+    config,
+    JSON.stringify({
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
+      auth: { keys: [{ key: 'tg-start', tenant: 'start' }] },
+    }),
+  );
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '0.0.0.0', TOLLGATE_CONFIG: config });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  await waitHealthy(`http://127.0.0.1:${port}`, s);
+  const res = await fetch(`http://127.0.0.1:${port}/v1/models`);
+  t.equal(res.status, 401, 'and the keys are required');
+});
+
+t.test('a bad config file exits non-zero naming the field', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const config = join(dir, 'config.json');
+  writeFileSync(
+    config,
+    JSON.stringify({
+      upstreams: [
+        { name: 'ok', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:8080' },
+        { name: 'bad', kind: 'openai', baseUrl: 'api.openai.com' },
+      ],
+    }),
+  );
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_CONFIG: config });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  const code = await s.exited;
+  t.not(code, 0);
+  t.not(code, null);
+  t.match(s.stderr(), /invalid configuration: upstreams\[1\]\.baseUrl: must be a URL/);
+  await t.rejects(fetch(`http://127.0.0.1:${port}/healthz`), 'nothing listens');
+});

@@ -1,0 +1,157 @@
+// Upstream failures (SPEC §2.7, §6, §11): connection refused → 502 upstream_unreachable, too slow →
+// 504 upstream_timeout, an upstream 4xx/5xx passed through in the OpenAI envelope. Each fails before
+// any output, so the whole reservation is refunded: charge 0 in the ledger.
+
+import t, { type Test } from 'tap';
+import OpenAI from 'openai';
+import { createServer } from 'node:net';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
+import type { LedgerRow } from '../../metering/ledger.js';
+
+/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
+async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
+  try {
+    await call;
+    return null;
+  } catch (err) {
+    if (err instanceof OpenAI.APIError) return err.status ?? null;
+    throw err;
+  }
+}
+
+type Json = Record<string, unknown>;
+const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'will this fail?' }], max_tokens: 20 };
+
+async function deadPort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function rows(gw: TestGateway): Promise<LedgerRow[]> {
+  const out: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) out.push(row);
+  return out;
+}
+
+function post(gw: TestGateway, body: Json) {
+  return fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+}
+
+/** The one ledger row refunds everything it reserved. */
+async function wholeRefund(t: Test, gw: TestGateway, status: number) {
+  const all = await rows(gw);
+  t.equal(all.length, 1, 'one ledger row');
+  const row = all[0];
+  t.equal(row.state, 'settled');
+  t.equal(row.status, status);
+  t.ok(row.reserved_tokens > 20, 'prompt + allowance were reserved');
+  t.equal(row.charge_tokens, 0, 'charged nothing');
+  t.equal(row.refund_tokens, row.reserved_tokens, 'the whole reservation refunded');
+  t.equal(row.cost_usd, 0);
+}
+
+t.test('connection refused → 502 upstream_unreachable, whole reservation refunded', async (t) => {
+  const port = await deadPort();
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${port}`, { billing: 'local' })] });
+  const res = await post(gw, chat);
+  t.equal(res.status, 502);
+  t.equal(res.headers.get('x-should-retry'), 'false');
+  const body = (await res.json()) as { error: Json };
+  t.match(body.error, { code: 'upstream_unreachable', type: 'upstream_error', param: null, upstream: 'openai' });
+  t.match(String(body.error.message), /upstream "openai" could not be reached/);
+  t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
+  t.equal(res.headers.get('x-tollgate-refund-tokens'), res.headers.get('x-tollgate-reserved-tokens'));
+  await wholeRefund(t, gw, 502);
+  // A stream request fails the same way, before any SSE is sent.
+  const streamed = await post(gw, { ...chat, stream: true });
+  t.equal(streamed.status, 502);
+  t.match(streamed.headers.get('content-type') ?? '', /application\/json/);
+});
+
+t.test('an upstream slower than timeoutMs → 504 upstream_timeout, whole reservation refunded', async (t) => {
+  const upstream = await startOpenAiDouble({ hang: true });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local', timeoutMs: 300 })] });
+  const res = await post(gw, chat);
+  t.equal(res.status, 504);
+  const body = (await res.json()) as { error: Json };
+  t.match(body.error, { code: 'upstream_timeout', type: 'upstream_error', upstream: 'openai' });
+  t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
+  await wholeRefund(t, gw, 504);
+  t.equal(upstream.requests.length, 1, 'the request did reach the upstream');
+});
+
+t.test('an upstream 4xx passes through in the OpenAI envelope, whole reservation refunded', async (t) => {
+  const upstream = await startOpenAiDouble({
+    failWith: { status: 400, body: { error: { message: 'Invalid value for temperature', type: 'invalid_request_error', param: 'temperature', code: 'invalid_value' } } },
+  });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  const err = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x' }], max_tokens: 20 }).then(
+    () => null,
+    (e: unknown) => e,
+  );
+  t.ok(err instanceof OpenAI.BadRequestError, 'the SDK sees a BadRequestError');
+  const e = err as InstanceType<typeof OpenAI.BadRequestError>;
+  t.equal(e.status, 400);
+  t.equal(e.code, 'invalid_value');
+  t.equal(e.param, 'temperature');
+  t.equal(e.type, 'invalid_request_error');
+  t.match(e.message, /Invalid value for temperature/);
+  t.equal(e.headers?.get('x-tollgate-charge-tokens'), '0');
+  await wholeRefund(t, gw, 400);
+});
+
+t.test('an upstream 5xx passes through, is not retried by the SDK, and refunds everything', async (t) => {
+  const upstream = await startOpenAiDouble({ failWith: { status: 503, body: { error: { message: 'overloaded', type: 'server_error', param: null, code: null } } } });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  t.equal(await sdkStatus(client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x' }], max_tokens: 20 })), 503);
+  t.equal(upstream.requests.length, 1, 'x-should-retry: false keeps the SDK from retrying');
+  const res = await post(gw, chat);
+  t.equal(res.status, 503);
+  t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
+  t.equal(res.headers.get('x-tollgate-refund-tokens'), res.headers.get('x-tollgate-reserved-tokens'));
+  const body = (await res.json()) as { error: Json };
+  t.match(body.error, { message: 'overloaded', type: 'server_error', param: null });
+  t.ok('code' in body.error);
+  // A body that is not the envelope at all is wrapped in one.
+  upstream.options.failWith = { status: 502, body: 'Bad Gateway' };
+  const plain = await post(gw, chat);
+  t.equal(plain.status, 502);
+  t.match(await plain.json(), { error: { message: '"Bad Gateway"', type: 'upstream_error', param: null, code: 'upstream_error' } });
+  for (const row of await rows(gw)) t.equal(row.charge_tokens, 0, `row ${row.id} charged nothing`);
+});
+
+t.test("llama.cpp's error envelope (numeric code, no param) is normalised, its figures kept", async (t) => {
+  const llama = await startLlamaCppDouble({
+    failWith: {
+      status: 400,
+      body: { error: { code: 400, message: 'request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 5000, n_ctx: 4096 } },
+    },
+  });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const res = await post(gw, { ...chat, model: 'tiny' });
+  t.equal(res.status, 400);
+  const body = (await res.json()) as { error: Json };
+  t.same(body.error, {
+    code: 'exceed_context_size_error',
+    message: 'request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it',
+    type: 'exceed_context_size_error',
+    param: null,
+    n_prompt_tokens: 5000,
+    n_ctx: 4096,
+  });
+  t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
+  await wholeRefund(t, gw, 400);
+});
