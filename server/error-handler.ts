@@ -1,25 +1,54 @@
 // Every error leaves in the OpenAI envelope, so every SDK surfaces it the same way (SPEC §6).
 // Refusals carry `x-should-retry: false`: the OpenAI SDKs would otherwise retry some statuses.
+// A request that ends here without having been settled still gets its one log line and is counted.
 
-import type { FastifyError, FastifyInstance } from 'fastify';
+import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError, NO_RETRY_HEADERS, envelope } from './errors.js';
+import { endpointForPath } from './pipeline/endpoints.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** Set once the pipeline wrote the request's "request settled" line. */
+    settledLogged?: boolean;
+  }
+}
+
+/** Bounded route label: the endpoint kind for proxied routes, else the route pattern. */
+function routeLabel(request: FastifyRequest): string {
+  const pattern = request.routeOptions.url ?? 'unmatched';
+  return endpointForPath(pattern) ?? pattern;
+}
+
+function clientGone(request: FastifyRequest, response: { destroyed: boolean }): boolean {
+  return response.destroyed || request.raw.socket?.destroyed === true;
+}
 
 export function registerErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler((err: FastifyError | GatewayError | Error, request, reply) => {
+    const gw = app.gateway;
+    const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS) => {
+      if (!request.settledLogged) {
+        if (request.url.startsWith('/v1/')) gw.metrics.requests.inc({ route: routeLabel(request), upstream: '', status: String(status) });
+        request.log.info({ route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null }, 'request refused');
+      }
+      return reply.code(status).headers(headers).send(body);
+    };
     if (err instanceof GatewayError) {
-      if (err.status === 413 || err.status === 402) app.gateway.metrics.refusals.inc({ reason: err.code });
-      if (err.status >= 500) request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
-      return reply.code(err.status).headers(NO_RETRY_HEADERS).send(err.toEnvelope());
+      if (err.status < 500) gw.metrics.refusals.inc({ reason: err.code });
+      else request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
+      return answer(err.status, err.code, err.toEnvelope());
     }
     const fe = err as FastifyError;
     if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
-      return reply
-        .code(fe.statusCode)
-        .headers(NO_RETRY_HEADERS)
-        .send(envelope(fe.code ?? 'invalid_request', fe.message, 'invalid_request_error'));
+      return answer(fe.statusCode, fe.code ?? 'invalid_request', envelope(fe.code ?? 'invalid_request', fe.message, 'invalid_request_error'));
+    }
+    if (clientGone(request, reply.raw)) {
+      // The client left (its request was aborted upstream and settled): nobody to answer.
+      request.log.debug({ err: err.message }, 'client went away');
+      return reply.code(499).send();
     }
     request.log.error({ err }, 'unexpected error');
-    return reply.code(500).send(envelope('internal_error', 'internal error in the gateway', 'server_error'));
+    return answer(500, 'internal_error', envelope('internal_error', 'internal error in the gateway', 'server_error'), {});
   });
   app.setNotFoundHandler((request, reply) => {
     reply.code(404).send(envelope('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, 'not_found_error'));

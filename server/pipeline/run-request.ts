@@ -84,6 +84,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   let outcome: Outcome;
   let settled: Settled | null = null;
   const finishLog = (status: number) => {
+    request.settledLogged = true;
     const total = performance.now() - t0;
     const overhead = Math.max(0, total - upstreamMs) / 1000;
     m.overhead.observe({ route: kind }, overhead);

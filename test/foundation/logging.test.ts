@@ -101,6 +101,13 @@ t.test("exactly one 'request settled' line per request, with the figures", async
   const after = gw.lines().filter((l) => l.msg === 'request settled');
   t.equal(after.length, before + 1);
   t.match(after.at(-1), { status: 502, upstream: 'down', charge_tokens: 0 });
+
+  // 3. a refused request (it never reaches the pipeline's settlement) still gets its one line
+  t.equal(await sdkStatus(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: PROMPT }] })), 404);
+  const refused = gw.lines().filter((l) => l.msg === 'request refused');
+  t.equal(refused.length, 1);
+  t.match(refused[0], { route: 'chat', status: 404, code: 'model_not_found', tenant: 'acme' });
+  t.equal(gw.lines().filter((l) => l.msg === 'request settled').length, before + 1, 'and no settled line');
 });
 
 t.test('neither the key nor the prompt text appears anywhere in the log, even at trace level', async (t) => {
@@ -121,6 +128,7 @@ t.test('neither the key nor the prompt text appears anywhere in the log, even at
   const out = gw.output();
   t.ok(out.length > 0, 'something was logged');
   t.equal(gw.lines().filter((l) => l.msg === 'request settled').length, 4, 'the four requests that reached the pipeline');
+  t.equal(gw.lines().filter((l) => l.msg === 'request refused').length, 2, 'the 401 and the 400, one line each');
   for (const secret of [KEY, 'tg-secret', UPSTREAM_KEY, 'purple-elephant', 'sonata-7731']) {
     t.notOk(out.includes(secret), `"${secret}" is not in the log`);
   }
