@@ -115,6 +115,67 @@ function verdict(ok: boolean): string {
   return ok ? 'meets' : '**misses**';
 }
 
+type Slot = Awaited<ReturnType<typeof sideBySide>>;
+
+function ratioTable(slot: Slot, targets: Target[]): string {
+  const ratios: string[][] = [];
+  for (const mode of MODES) {
+    const direct = median(slot('upstream direct', mode, 'latency').lat);
+    const bareP50 = median(slot('bare proxy', mode, 'latency').lat);
+    const bareRps = median(slot('bare proxy', mode, 'throughput').rps);
+    for (const t of targets.filter((x) => x.name.startsWith('gateway'))) {
+      const p50 = median(slot(t.name, mode, 'latency').lat);
+      const rps = median(slot(t.name, mode, 'throughput').rps);
+      const p50Ratio = p50 / bareP50;
+      const rpsRatio = rps / bareRps;
+      ratios.push([
+        t.name,
+        mode,
+        `${fmt(p50Ratio)}× (${verdict(p50Ratio <= 1.25)})`,
+        `${fmt(p50 - direct)} vs ${fmt(bareP50 - direct)} ms (${fmt((p50 - direct) / (bareP50 - direct), 1)}×)`,
+        `${fmt(rpsRatio)}× (${verdict(rpsRatio >= 0.8)})`,
+      ]);
+    }
+  }
+  return table(['gateway', 'mode', 'p50 gateway / bare', 'added p50: gateway vs bare', 'throughput gateway / bare'], ratios);
+}
+
+/** The same comparison in front of an upstream that takes as long as a fast model to answer. */
+async function modelLike(out: string[], delayMs: number): Promise<void> {
+  const upstream = await spawn('upstream', { BENCH_UPSTREAM_DELAY_MS: String(delayMs) });
+  const children: Child[] = [upstream];
+  try {
+    const env = { BENCH_UPSTREAM_URL: upstream.url };
+    const bare = await spawn('bare', env);
+    children.push(bare);
+    const normal = await spawn('gateway-normal', env);
+    children.push(normal);
+    const auth = { 'content-type': 'application/json', authorization: 'Bearer tg-bench' };
+    const targets: Target[] = [
+      { name: 'upstream direct', url: upstream.url, child: upstream, headers: { 'content-type': 'application/json' } },
+      { name: 'bare proxy', url: bare.url, child: bare, headers: auth },
+      { name: 'gateway (SQLite NORMAL)', url: normal.url, child: normal, headers: auth },
+    ];
+    const slot = await sideBySide(targets);
+    out.push(`## In front of a model-like upstream (${delayMs} ms before it answers)`);
+    out.push('');
+    const rows: string[][] = [];
+    for (const mode of MODES) {
+      for (const t of targets) {
+        const l = slot(t.name, mode, 'latency').lat;
+        const th = slot(t.name, mode, 'throughput');
+        rows.push([t.name, mode, fmt(median(l)), fmt(percentile(l, 99)), fmt(median(th.rps), 0)]);
+      }
+    }
+    out.push(table(['target', 'mode', 'p50 ms (c=1)', 'p99 ms (c=1)', `req/s (c=${THROUGHPUT.concurrency})`], rows));
+    out.push('');
+    out.push(ratioTable(slot, targets));
+    out.push('');
+  } finally {
+    for (const c of children.reverse()) await stopChild(c);
+  }
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const out: string[] = [];
@@ -174,30 +235,14 @@ async function main(): Promise<void> {
     out.push('');
     out.push('## Ratios: gateway vs bare proxy (targets: p50 ≤ 1.25×, throughput ≥ 0.8×)');
     out.push('');
-    const ratios: string[][] = [];
-    for (const mode of MODES) {
-      const direct = median(slot('upstream direct', mode, 'latency').lat);
-      const bareP50 = median(slot('bare proxy', mode, 'latency').lat);
-      const bareRps = median(slot('bare proxy', mode, 'throughput').rps);
-      for (const t of targets.filter((x) => x.name.startsWith('gateway'))) {
-        const p50 = median(slot(t.name, mode, 'latency').lat);
-        const rps = median(slot(t.name, mode, 'throughput').rps);
-        const p50Ratio = p50 / bareP50;
-        const rpsRatio = rps / bareRps;
-        ratios.push([
-          t.name,
-          mode,
-          `${fmt(p50Ratio)}× (${verdict(p50Ratio <= 1.25)})`,
-          `${fmt(p50 - direct)} vs ${fmt(bareP50 - direct)} ms (${fmt((p50 - direct) / (bareP50 - direct), 1)}×)`,
-          `${fmt(rpsRatio)}× (${verdict(rpsRatio >= 0.8)})`,
-        ]);
-      }
-    }
-    out.push(table(['gateway', 'mode', 'p50 gateway / bare', 'added p50: gateway vs bare', 'throughput gateway / bare'], ratios));
+    out.push(ratioTable(slot, targets));
     out.push('');
   } finally {
     for (const c of children.reverse()) await stopChild(c);
   }
+
+  process.stderr.write('model-like upstream…\n');
+  await modelLike(out, Number(process.env.BENCH_MODEL_DELAY_MS ?? 25));
 
   process.stderr.write('counting benchmarks…\n');
   const conv = await conversationBench();

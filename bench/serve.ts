@@ -12,7 +12,7 @@ export type Role = 'upstream' | 'bare' | 'gateway-normal' | 'gateway-full' | 'ga
 async function start(role: Role, upstreamUrl: string): Promise<{ url: string; close(): Promise<void> }> {
   switch (role) {
     case 'upstream':
-      return startBenchUpstream();
+      return startBenchUpstream({ delayMs: Number(process.env.BENCH_UPSTREAM_DELAY_MS ?? 0) });
     case 'bare':
       return startBareProxy(upstreamUrl);
     case 'gateway-normal':

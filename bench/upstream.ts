@@ -15,6 +15,8 @@ export interface BenchUpstream {
 export interface BenchUpstreamOptions {
   /** Tokens generated per request (" tok" each: one token in o200k/cl100k). Default 128. */
   completionTokens?: number;
+  /** Time before the response starts, like a model's time to first token. Default 0. */
+  delayMs?: number;
 }
 
 async function readJson(req: IncomingMessage): Promise<Record<string, unknown> | null> {
@@ -38,6 +40,7 @@ export async function startBenchUpstream(opts: BenchUpstreamOptions = {}): Promi
       res.end('{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":null}}');
       return;
     }
+    if (opts.delayMs) await new Promise((r) => setTimeout(r, opts.delayMs));
     const model = String(body.model);
     const max = Number(body.max_completion_tokens ?? body.max_tokens ?? want);
     const count = Math.min(want, max);

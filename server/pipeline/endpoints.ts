@@ -3,6 +3,7 @@
 
 import { GatewayError } from '../errors.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+import { RowShapeError, textRows, type Row } from '../../metering/row-plan.js';
 
 export type EndpointKind = 'chat' | 'completions' | 'embeddings';
 
@@ -17,9 +18,6 @@ export function endpointForPath(path: unknown): EndpointKind | null {
   return found ?? null;
 }
 
-/** A text row or a row already given as token ids. */
-export type RowInput = { text: string } | { tokenIds: number } ;
-
 export interface ValidRequest {
   kind: EndpointKind;
   body: Record<string, unknown>;
@@ -33,7 +31,6 @@ export interface ValidRequest {
   maxTokensField: 'max_completion_tokens' | 'max_tokens' | null;
   messages: ChatMessage[] | null;
   tools: ToolDefinition[] | null;
-  rows: RowInput[] | null;
 }
 
 function invalid(param: string, message: string): never {
@@ -85,21 +82,17 @@ function checkTools(v: unknown): ToolDefinition[] | null {
   return v.length > 0 ? (v as ToolDefinition[]) : null;
 }
 
-function rowsOf(v: unknown, param: string, allowEmptyString: boolean): RowInput[] {
-  const bad = () => invalid(param, 'must be a string, an array of strings, an array of token ids, or an array of token-id arrays');
-  const isIds = (a: unknown): a is number[] => Array.isArray(a) && a.every((x) => typeof x === 'number' && Number.isInteger(x));
-  if (typeof v === 'string') return [{ text: v }];
-  if (!Array.isArray(v)) return bad();
-  if (v.length === 0) invalid(param, 'must not be empty');
-  if (v.every((x) => typeof x === 'number')) return isIds(v) ? [{ tokenIds: v.length }] : bad();
-  return v.map((row, i) => {
-    if (typeof row === 'string') {
-      if (!allowEmptyString && row.length === 0) invalid(`${param}[${i}]`, 'must not be empty');
-      return { text: row };
-    }
-    if (isIds(row)) return { tokenIds: row.length };
-    return invalid(`${param}[${i}]`, 'must be a string or an array of token ids');
-  });
+/** Checks a completions `prompt` / embeddings `input` (the row shapes of metering/row-plan.ts). */
+function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: boolean): void {
+  let rows: Row[];
+  try {
+    rows = textRows(v, param);
+  } catch (err) {
+    if (err instanceof RowShapeError) throw new GatewayError('invalid_request', err.message, {}, err.param);
+    throw err;
+  }
+  if (rows.length === 0) invalid(param, 'must not be empty');
+  if (!allowEmptyString) rows.forEach((r, i) => r.kind === 'text' && r.text.length === 0 && invalid(`${param}[${i}]`, 'must not be empty'));
 }
 
 export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest {
@@ -126,12 +119,14 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   };
   switch (kind) {
     case 'chat':
-      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools), rows: null };
+      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools) };
     case 'completions':
       if (body.prompt === undefined) invalid('prompt', 'is required');
-      return { ...base, messages: null, tools: null, rows: rowsOf(body.prompt, 'prompt', true) };
+      checkRows(body.prompt, 'prompt', true);
+      return { ...base, messages: null, tools: null };
     case 'embeddings':
       if (body.input === undefined) invalid('input', 'is required');
-      return { ...base, messages: null, tools: null, rows: rowsOf(body.input, 'input', false) };
+      checkRows(body.input, 'input', false);
+      return { ...base, messages: null, tools: null };
   }
 }

@@ -1,15 +1,29 @@
 // Counts generated output per choice as it streams, against the allowance reserved for it. The
 // upstream is not trusted to honour `max_tokens` (SPEC §2.6): text that would pass the allowance is
 // not forwarded, and the choice is ended by the gateway.
+//
+// With a tokenizer, a chunk's UTF-8 bytes are an upper bound on its tokens (a byte-level BPE token
+// is at least one byte), so while a choice's bytes stay within its allowance nothing needs counting
+// per chunk; its text is counted once, exactly, when it nears the allowance or when the stream ends.
+// That keeps a tokenizer call off every one of a long stream's chunks (bench/RESULTS.md).
 
 import type { TokenCounter } from '../../metering/types.js';
 
 export type OutputCounting = 'tokenizer' | 'chunk' | 'bytes';
 
+interface ChoiceMeter {
+  /** Exact tokens of the text counted so far (near the allowance, or at the end), else null. */
+  exact: number | null;
+  /** Text not yet counted exactly, and its UTF-8 bytes (an upper bound on its tokens). */
+  pending: string[];
+  bytes: number;
+  /** Tokens by the chunk or byte-estimate rules. */
+  estimated: number;
+  closed: boolean;
+}
+
 export class OutputMeter {
-  private readonly used = new Map<number, number>();
-  private readonly bytes = new Map<number, number>();
-  private readonly closed = new Set<number>();
+  private readonly choices = new Map<number, ChoiceMeter>();
 
   constructor(
     private readonly counting: OutputCounting,
@@ -22,47 +36,76 @@ export class OutputMeter {
     return this.counting === 'tokenizer' ? this.counter.method : this.counting === 'chunk' ? 'llamacpp' : 'estimate:bytes';
   }
 
-  private cost(index: number, text: string): number {
-    switch (this.counting) {
-      case 'tokenizer':
-        return this.counter.countOutput(text);
-      case 'chunk':
-        // llama.cpp streams one generated token per chunk.
-        return 1;
-      case 'bytes': {
-        const before = this.bytes.get(index) ?? 0;
-        const after = before + Buffer.byteLength(text, 'utf8');
-        this.bytes.set(index, after);
-        return Math.ceil(after / 4) - Math.ceil(before / 4);
-      }
-    }
+  private choice(index: number): ChoiceMeter {
+    let c = this.choices.get(index);
+    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false }));
+    return c;
   }
 
   /** Adds a piece of a choice's output. False when it would pass the allowance (then not counted). */
   add(index: number, text: string): boolean {
     if (text.length === 0) return true;
-    if (this.closed.has(index)) return false;
-    const have = this.used.get(index) ?? 0;
-    const cost = this.cost(index, text);
-    if (have + cost > this.perChoice) {
-      this.closed.add(index);
+    const c = this.choice(index);
+    if (c.closed) return false;
+    const bytes = Buffer.byteLength(text, 'utf8');
+    switch (this.counting) {
+      case 'chunk':
+        // llama.cpp streams one generated token per chunk.
+        return this.admit(c, c.estimated + 1, () => (c.estimated += 1));
+      case 'bytes': {
+        const after = Math.ceil((c.bytes + bytes) / 4);
+        return this.admit(c, after, () => {
+          c.bytes += bytes;
+          c.estimated = after;
+        });
+      }
+      case 'tokenizer': {
+        // Exact tokens of what was counted + bytes of what was not: an upper bound.
+        if ((c.exact ?? 0) + c.bytes + bytes <= this.perChoice) {
+          c.bytes += bytes;
+          c.pending.push(text);
+          return true;
+        }
+        // Near the allowance: count what is pending exactly, then decide on this piece.
+        c.exact = (c.exact ?? 0) + this.flush(c);
+        if (c.exact + bytes <= this.perChoice) {
+          c.bytes = bytes;
+          c.pending.push(text);
+          return true;
+        }
+        const tokens = this.counter.countOutput(text);
+        return this.admit(c, c.exact + tokens, () => (c.exact = (c.exact ?? 0) + tokens));
+      }
+    }
+  }
+
+  private admit(c: ChoiceMeter, after: number, commit: () => void): boolean {
+    if (after > this.perChoice) {
+      c.closed = true;
       return false;
     }
-    this.used.set(index, have + cost);
+    commit();
     return true;
   }
 
-  isClosed(index: number): boolean {
-    return this.closed.has(index);
+  private flush(c: ChoiceMeter): number {
+    const n = c.pending.length > 0 ? this.counter.countOutput(c.pending.join('')) : 0;
+    c.pending = [];
+    c.bytes = 0;
+    return n;
   }
 
-  close(index: number): void {
-    this.closed.add(index);
-  }
-
+  /** Tokens generated so far, all choices (exact with a tokenizer). Safe to call more than once. */
   total(): number {
     let sum = 0;
-    for (const v of this.used.values()) sum += v;
+    for (const c of this.choices.values()) {
+      if (this.counting !== 'tokenizer') {
+        sum += c.estimated;
+        continue;
+      }
+      c.exact = (c.exact ?? 0) + this.flush(c);
+      sum += c.exact;
+    }
     return sum;
   }
 }

@@ -8,9 +8,9 @@ import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import type { ValidRequest } from './endpoints.js';
-import type { ChatCount, ChatMessage, CountMethod } from '../../metering/types.js';
+import type { ChatCount, ChatMessage } from '../../metering/types.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
-import { planRows, type RowPlan } from '../../metering/row-plan.js';
+import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
 import { checkSizes } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
@@ -77,34 +77,25 @@ function toolHashOf(valid: ValidRequest): string {
   return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: body.tool_choice ?? null }));
 }
 
-async function countRows(gw: Gateway, upstream: Upstream, valid: ValidRequest, messages = valid.messages) {
-  const counter = gw.counters.forModel(upstream, valid.model);
+/**
+ * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
+ * counts the final-answer request instead: its messages, and no tools.
+ */
+async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, finalMessages?: ChatMessage[]): Promise<RowCounts> {
+  const body = valid.body;
+  const request =
+    valid.kind !== 'chat'
+      ? { prompt: body.prompt, input: body.input }
+      : finalMessages
+        ? { messages: finalMessages }
+        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice };
   try {
-    if (messages) {
-      const chat = await counter.countChat({ model: valid.model, messages, tools: valid.kind === 'chat' && messages === valid.messages ? (valid.tools ?? undefined) : undefined, tool_choice: valid.body.tool_choice });
-      return { rowTokens: [chat.tokens], method: chat.method, upperBound: chat.upperBound, chat };
-    }
-    const rows = valid.rows ?? [];
-    const counts = await Promise.all(
-      rows.map(async (row) => ('text' in row ? counter.countText(row.text) : { tokens: row.tokenIds, method: counter.method, upperBound: false })),
-    );
-    return {
-      rowTokens: counts.map((c) => c.tokens),
-      method: counts[0]?.method ?? counter.method,
-      upperBound: counts.some((c) => c.upperBound),
-      chat: null,
-    };
+    return await countRows(valid.kind, valid.model, request, gw.counters.forModel(upstream, valid.model));
   } catch (err) {
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
     gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'tokenizer unavailable, using byte estimate');
-    const est = gw.counters.estimate;
-    if (messages) {
-      const chat = await est.countChat({ model: valid.model, messages, tools: valid.tools ?? undefined, tool_choice: valid.body.tool_choice });
-      return { rowTokens: [chat.tokens], method: chat.method, upperBound: false, chat };
-    }
-    const counts = await Promise.all((valid.rows ?? []).map((row) => ('text' in row ? est.countText(row.text) : Promise.resolve({ tokens: row.tokenIds, method: est.method as CountMethod, upperBound: false }))));
-    return { rowTokens: counts.map((c) => c.tokens), method: est.method, upperBound: false, chat: null };
+    return countRows(valid.kind, valid.model, request, gw.counters.estimate);
   }
 }
 
@@ -143,11 +134,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const contextWindow = await gw.counters.contextWindow(upstream, valid.model);
 
   // 1. Rows and their tokens; the 413 checks in SPEC §11's order.
-  let counted = await countRows(gw, upstream, valid);
+  let counted = await countAll(gw, upstream, valid);
   let rows = planRows({
     kind: valid.kind,
     rowTokens: counted.rowTokens,
-    countMethod: counted.method,
+    countMethod: counted.countMethod,
     upperBound: counted.upperBound,
     maxTokens: valid.maxTokens,
     n: valid.n,
@@ -214,10 +205,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       mode = 'final-answer';
       finalReason = decision.reason;
       forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
-      const finalMessages = forwardBody.messages as typeof messages;
-      counted = await countRows(gw, upstream, { ...valid, tools: null, body: forwardBody }, finalMessages);
+      const finalMessages = forwardBody.messages as ChatMessage[];
+      counted = await countAll(gw, upstream, valid, finalMessages);
       // The gateway removed the tools itself: the leading messages are still what the model read
-      // before, so the charge is measured on messages alone (ADR 0007).
+      // before, so the charge is measured on messages alone (ADR 0004).
       const messagesOnly = counted.chat ? counted.chat.prefix.map((p) => p - (counted.chat?.prefix[0] ?? 0)) : null;
       const headMessagesOnly = head ? { ...head, toolHash: '', prefix: head.prefix.map((p) => p - (head.prefix[0] ?? 0)) } : null;
       shared = sharedPrefixTokens({ head: headMessagesOnly, chain, prefix: messagesOnly, model: valid.model, toolHash: '', now: time, upstream: upstream.config });
@@ -228,7 +219,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       rows = planRows({
         kind: valid.kind,
         rowTokens: counted.rowTokens,
-        countMethod: counted.method,
+        countMethod: counted.countMethod,
         upperBound: counted.upperBound,
         maxTokens: room === null ? valid.maxTokens : Math.max(1, Math.min(valid.maxTokens ?? gw.config.defaults.maxTokens, Math.floor(room / valid.n))),
         n: valid.n,

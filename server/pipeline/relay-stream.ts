@@ -117,7 +117,12 @@ export async function relayStream(
       kept.push(raw);
       if (typeof raw.finish_reason === 'string') finished.add(index);
     }
-    if (kept.length > 0) {
+    // The common case — a chunk passed on as it came — is written as received, not re-serialised.
+    const untouched = !filter && kept.length === choices.length && kept.every((k, i) => k === choices[i]) && usage === undefined && timings === undefined;
+    if (untouched) {
+      if (kept.some((c) => deltaText(c).trim() !== '')) out.visibleText = true;
+      write(`data: ${event.data}\n\n`);
+    } else if (kept.length > 0) {
       let next: Json | null = { ...meta, choices: kept };
       if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
       if (filter) next = filter.push(next);

@@ -14,7 +14,7 @@ import { forward, normaliseUpstreamError } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
-import { settle, pricierFor, type Outcome, type Settled } from './settle.js';
+import { settle, pricierFor, providerOutputTrusted, type Outcome, type Settled } from './settle.js';
 import { sseData } from './sse.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
@@ -143,7 +143,10 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   if (!plan.valid.stream) {
     const json = await relayJson(plan, res);
     upstreamMs = performance.now() - tForward;
-    const texts = await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
+    // The gateway counts the output itself only where the provider's figure cannot be trusted.
+    const texts = providerOutputTrusted(plan, json.usage)
+      ? []
+      : await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
     const fallback = plan.mode === 'final-answer' && json.empty;
     outcome = {
       status: 200,

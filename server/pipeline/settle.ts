@@ -55,6 +55,11 @@ function trustedCompletionTokens(plan: Plan, f: UpstreamFigures): number | null 
   return f.completionTokens;
 }
 
+/** Whether settlement will take the provider's completion count (so the gateway need not count). */
+export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
+  return trustedCompletionTokens(plan, figures(usage, null)) !== null;
+}
+
 export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
   const f = figures(o.usage, o.timings);
   const trusted = o.refundAll ? null : trustedCompletionTokens(plan, f);

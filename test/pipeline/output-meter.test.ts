@@ -1,0 +1,41 @@
+// The stream meter: counts lazily with the tokenizer, yet never lets a choice pass its allowance,
+// and its total is the exact count of what was let through.
+
+import t from 'tap';
+import { OutputMeter } from '../../server/pipeline/output-meter.js';
+import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
+
+const counter = new TiktokenCounter('o200k_base');
+
+t.test('under the allowance: every piece passes and the total is exact', async (t) => {
+  const meter = new OutputMeter('tokenizer', counter, 1000);
+  const pieces = ['Hello', ',', ' world', '! How', ' are you', ' today?'];
+  for (const p of pieces) t.ok(meter.add(0, p));
+  t.equal(meter.total(), counter.countOutput(pieces.join('')));
+  t.equal(meter.total(), counter.countOutput(pieces.join('')), 'total can be read twice');
+});
+
+t.test('at the allowance: the piece that would pass it is refused, and so is everything after', async (t) => {
+  const meter = new OutputMeter('tokenizer', counter, 7);
+  let passed = 0;
+  for (let i = 0; i < 20; i++) if (meter.add(0, ' hi')) passed++;
+  t.equal(passed, 7, 'exactly the allowance of one-token pieces');
+  t.equal(meter.total(), 7);
+  t.notOk(meter.add(0, 'x'), 'closed');
+});
+
+t.test('choices are metered apart; llama.cpp counts a token per chunk; the estimate counts bytes', async (t) => {
+  const meter = new OutputMeter('tokenizer', counter, 3);
+  for (let i = 0; i < 5; i++) {
+    meter.add(0, ' hi');
+    meter.add(1, ' hi');
+  }
+  t.equal(meter.total(), 6);
+  const llama = new OutputMeter('chunk', counter, 2);
+  t.same([llama.add(0, 'ab'), llama.add(0, 'cd'), llama.add(0, 'ef')], [true, true, false]);
+  t.equal(llama.method, 'llamacpp');
+  const bytes = new OutputMeter('bytes', counter, 2);
+  t.same([bytes.add(0, 'abcd'), bytes.add(0, 'efgh'), bytes.add(0, 'i')], [true, true, false]);
+  t.equal(bytes.total(), 2);
+  t.equal(bytes.method, 'estimate:bytes');
+});
