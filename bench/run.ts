@@ -176,16 +176,8 @@ async function modelLike(out: string[], delayMs: number): Promise<void> {
   }
 }
 
-async function main(): Promise<void> {
-  const started = performance.now();
-  const out: string[] = [];
-  const cpu = cpus();
-  out.push(`# Tollgate bench — ${new Date().toISOString()}`);
-  out.push('');
-  out.push(`Machine: ${cpu.length} cores (${cpu[0]?.model.trim() ?? 'unknown'}), ${platform()} ${release()}, Node ${process.version}.`);
-  out.push(`Rounds: ${ROUNDS}; per round and target: latency ${LATENCY.requests} requests at concurrency ${LATENCY.concurrency}, throughput ${THROUGHPUT.requests} at concurrency ${THROUGHPUT.concurrency}.`);
-  out.push('');
-
+/** The gateway beside a bare proxy and the upstream itself, upstream answering at once. */
+async function proxyBench(out: string[]): Promise<void> {
   const upstream = await spawn('upstream');
   const children: Child[] = [upstream];
   try {
@@ -241,9 +233,10 @@ async function main(): Promise<void> {
     for (const c of children.reverse()) await stopChild(c);
   }
 
-  process.stderr.write('model-like upstream…\n');
-  await modelLike(out, Number(process.env.BENCH_MODEL_DELAY_MS ?? 25));
+}
 
+/** Counting: a 100-turn conversation, and pathological input without spaces. */
+async function countingBench(out: string[]): Promise<void> {
   process.stderr.write('counting benchmarks…\n');
   const conv = await conversationBench();
   const n = conv.planMs.length;
@@ -279,6 +272,26 @@ async function main(): Promise<void> {
     );
   }
   out.push('');
+}
+
+async function main(): Promise<void> {
+  const started = performance.now();
+  const out: string[] = [];
+  const cpu = cpus();
+  out.push(`# Tollgate bench — ${new Date().toISOString()}`);
+  out.push('');
+  out.push(`Machine: ${cpu.length} cores (${cpu[0]?.model.trim() ?? 'unknown'}), ${platform()} ${release()}, Node ${process.version}.`);
+  out.push(`Rounds: ${ROUNDS}; per round and target: latency ${LATENCY.requests} requests at concurrency ${LATENCY.concurrency}, throughput ${THROUGHPUT.requests} at concurrency ${THROUGHPUT.concurrency}.`);
+  out.push('');
+
+  // BENCH_PARTS: a comma list of proxy, model, counting (default: all).
+  const parts = new Set((process.env.BENCH_PARTS ?? 'proxy,model,counting').split(',').map((p) => p.trim()));
+  if (parts.has('proxy')) await proxyBench(out);
+  if (parts.has('model')) {
+    process.stderr.write('model-like upstream…\n');
+    await modelLike(out, Number(process.env.BENCH_MODEL_DELAY_MS ?? 25));
+  }
+  if (parts.has('counting')) await countingBench(out);
   out.push(`Whole run: ${fmt((performance.now() - started) / 1000, 0)} s.`);
   process.stdout.write(`${out.join('\n')}\n`);
 }
