@@ -113,6 +113,8 @@ export interface ConversationSpend {
   spentUsd: number;
   savedUsd: number;
   planTurns: number;
+  /** List-price value of the plan turns' work ("of work", not money spent). */
+  planWorkUsd: number;
   tasksUsd: number;
   /** Worst-case USD reserved by this conversation's requests still in flight. */
   reservedUsd: number;

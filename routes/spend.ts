@@ -14,6 +14,7 @@ export function spendView(s: ConversationSpend) {
     spent_usd: s.spentUsd,
     saved_usd: s.savedUsd,
     plan_turns: s.planTurns,
+    plan_work_usd: s.planWorkUsd,
     tasks_usd: s.tasksUsd,
     turns: s.turns,
     cap_usd: s.capUsd,

@@ -167,7 +167,7 @@ export class PostgresLedger implements Ledger {
   async conversationSpend(conversation: string): Promise<ConversationSpend | null> {
     const { rows } = await this.pool.query<Omit<ConversationSpend, 'byModel' | 'tenant'> & { tenant: string | null }>(
       `SELECT id AS conversation, tenant, parent, spent_usd AS "spentUsd", saved_usd AS "savedUsd",
-         plan_turns AS "planTurns", tasks_usd AS "tasksUsd", reserved_usd AS "reservedUsd", turns,
+         plan_turns AS "planTurns", plan_work_usd AS "planWorkUsd", tasks_usd AS "tasksUsd", reserved_usd AS "reservedUsd", turns,
          cap_usd AS "capUsd"
        FROM conversations WHERE id = $1`,
       [conversation],

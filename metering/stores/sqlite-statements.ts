@@ -12,7 +12,7 @@ export function prepareSqlite(db: Database.Database) {
     ensureConversation: s(`INSERT INTO conversations (id, tenant) VALUES (@id, @tenant)
       ON CONFLICT (id) DO NOTHING`),
     getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
-      tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, turns
+      tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns
       FROM conversations WHERE id = ?`),
     addConversationReserved: s('UPDATE conversations SET reserved_usd = reserved_usd + ? WHERE id = ?'),
     settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,

@@ -43,6 +43,7 @@ interface ConversationRecord extends MoneyScopeState {
   parent: string | null;
   saved_usd: number;
   plan_turns: number;
+  plan_work_usd: number;
   turns: number;
 }
 
@@ -258,6 +259,7 @@ export class SqliteLedger implements Ledger {
       spentUsd: c.spentUsd,
       savedUsd: c.saved_usd,
       planTurns: c.plan_turns,
+      planWorkUsd: c.plan_work_usd,
       tasksUsd: c.tasksUsd,
       // Includes children's in-flight reservations: they draw on this conversation's cap too.
       reservedUsd: c.reservedUsd,
