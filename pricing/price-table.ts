@@ -62,8 +62,12 @@ function fromCatalogue(model: string, provider: string, rates: CatalogueRates, s
   return price;
 }
 
+const LOOKUP_TTL_MS = 60_000;
+const LOOKUP_CACHE_MAX = 4096;
+
 export class PriceTable {
   private readonly overrides: ReadonlyMap<string, ModelPrice>;
+  private readonly recent = new Map<string, { price: ModelPrice | null; at: number }>();
   readonly catalogueSource: string;
 
   constructor(overrides: ReadonlyMap<string, ModelPrice> = new Map()) {
@@ -81,6 +85,20 @@ export class PriceTable {
    * A provider-prefixed name (`openai/gpt-4o`, OpenRouter style) resolves as well.
    */
   lookup(model: string, opts: LookupOptions = {}): ModelPrice | null {
+    // Asked on every request: remember answers for a minute (catalogue prices can change by date or
+    // time of day, so not for longer). A lookup at a given time is not cached.
+    if (opts.at) return this.find(model, opts);
+    const key = `${opts.providerId ?? ''}\u0000${model}`;
+    const now = Date.now();
+    const hit = this.recent.get(key);
+    if (hit && now - hit.at < LOOKUP_TTL_MS) return hit.price;
+    const price = this.find(model, opts);
+    if (this.recent.size >= LOOKUP_CACHE_MAX) this.recent.clear();
+    this.recent.set(key, { price, at: now });
+    return price;
+  }
+
+  private find(model: string, opts: LookupOptions): ModelPrice | null {
     const slash = model.indexOf('/');
     const prefix = slash > 0 ? model.slice(0, slash) : null;
     const bare = slash > 0 ? model.slice(slash + 1) : model;
