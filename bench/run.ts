@@ -140,22 +140,31 @@ function ratioTable(slot: Slot, targets: Target[]): string {
   return table(['gateway', 'mode', 'p50 gateway / bare', 'added p50: gateway vs bare', 'throughput gateway / bare'], ratios);
 }
 
+const AUTH = { 'content-type': 'application/json', authorization: 'Bearer tg-bench' };
+
+/** Starts the upstream and the proxies in front of it; returns them as targets (and the children to stop). */
+async function startTargets(upstreamEnv: NodeJS.ProcessEnv, gateways: Array<[name: string, role: Role]>) {
+  const upstream = await spawn('upstream', upstreamEnv);
+  const children: Child[] = [upstream];
+  const env = { BENCH_UPSTREAM_URL: upstream.url };
+  const targets: Target[] = [{ name: 'upstream direct', url: upstream.url, child: upstream, headers: { 'content-type': 'application/json' } }];
+  try {
+    for (const [name, role] of [['bare proxy', 'bare'] as [string, Role], ...gateways]) {
+      const child = await spawn(role, env);
+      children.push(child);
+      targets.push({ name, url: child.url, child, headers: AUTH });
+    }
+  } catch (err) {
+    for (const c of children.reverse()) await stopChild(c);
+    throw err;
+  }
+  return { targets, children };
+}
+
 /** The same comparison in front of an upstream that takes as long as a fast model to answer. */
 async function modelLike(out: string[], delayMs: number): Promise<void> {
-  const upstream = await spawn('upstream', { BENCH_UPSTREAM_DELAY_MS: String(delayMs) });
-  const children: Child[] = [upstream];
+  const { targets, children } = await startTargets({ BENCH_UPSTREAM_DELAY_MS: String(delayMs) }, [['gateway (SQLite NORMAL)', 'gateway-normal']]);
   try {
-    const env = { BENCH_UPSTREAM_URL: upstream.url };
-    const bare = await spawn('bare', env);
-    children.push(bare);
-    const normal = await spawn('gateway-normal', env);
-    children.push(normal);
-    const auth = { 'content-type': 'application/json', authorization: 'Bearer tg-bench' };
-    const targets: Target[] = [
-      { name: 'upstream direct', url: upstream.url, child: upstream, headers: { 'content-type': 'application/json' } },
-      { name: 'bare proxy', url: bare.url, child: bare, headers: auth },
-      { name: 'gateway (SQLite NORMAL)', url: normal.url, child: normal, headers: auth },
-    ];
     const slot = await sideBySide(targets);
     out.push(`## In front of a model-like upstream (${delayMs} ms before it answers)`);
     out.push('');
@@ -178,28 +187,13 @@ async function modelLike(out: string[], delayMs: number): Promise<void> {
 
 /** The gateway beside a bare proxy and the upstream itself, upstream answering at once. */
 async function proxyBench(out: string[]): Promise<void> {
-  const upstream = await spawn('upstream');
-  const children: Child[] = [upstream];
+  const gateways: Array<[string, Role]> = [
+    ['gateway (SQLite NORMAL)', 'gateway-normal'],
+    ['gateway (SQLite FULL)', 'gateway-full'],
+  ];
+  if (process.env.TOLLGATE_TEST_PG_URL) gateways.push(['gateway (PostgreSQL)', 'gateway-postgres']);
+  const { targets, children } = await startTargets({}, gateways);
   try {
-    const env = { BENCH_UPSTREAM_URL: upstream.url };
-    const bare = await spawn('bare', env);
-    children.push(bare);
-    const normal = await spawn('gateway-normal', env);
-    children.push(normal);
-    const full = await spawn('gateway-full', env);
-    children.push(full);
-    const auth = { 'content-type': 'application/json', authorization: 'Bearer tg-bench' };
-    const targets: Target[] = [
-      { name: 'upstream direct', url: upstream.url, child: upstream, headers: { 'content-type': 'application/json' } },
-      { name: 'bare proxy', url: bare.url, child: bare, headers: auth },
-      { name: 'gateway (SQLite NORMAL)', url: normal.url, child: normal, headers: auth },
-      { name: 'gateway (SQLite FULL)', url: full.url, child: full, headers: auth },
-    ];
-    if (process.env.TOLLGATE_TEST_PG_URL) {
-      const pg = await spawn('gateway-postgres', env);
-      children.push(pg);
-      targets.push({ name: 'gateway (PostgreSQL)', url: pg.url, child: pg, headers: auth });
-    }
     const slot = await sideBySide(targets);
 
     out.push('## Latency and throughput, side by side');

@@ -6,17 +6,7 @@ import { request as httpRequest } from 'node:http';
 import OpenAI from 'openai';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
-
-/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
-async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
-  try {
-    await call;
-    return null;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err.status ?? null;
-    throw err;
-  }
-}
+import { sdkStatus } from '../helpers/sdk.js';
 
 const KEY = 'tg-foundation-key';
 const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8 };

@@ -12,17 +12,7 @@ import { buildApp } from '../../server/app.js';
 import { parseConfig } from '../../server/config.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { openaiUpstream } from '../helpers/gateway.js';
-
-/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
-async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
-  try {
-    await call;
-    return null;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err.status ?? null;
-    throw err;
-  }
-}
+import { sdkStatus } from '../helpers/sdk.js';
 
 const KEY = 'tg-secret-4f9c2e7a1b';
 const UPSTREAM_KEY = 'sk-upstream-9d3b';

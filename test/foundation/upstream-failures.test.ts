@@ -9,17 +9,7 @@ import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
-
-/** The HTTP status of the SDK error a call rejects with (null when it does not reject). */
-async function sdkStatus(call: Promise<unknown>): Promise<number | null> {
-  try {
-    await call;
-    return null;
-  } catch (err) {
-    if (err instanceof OpenAI.APIError) return err.status ?? null;
-    throw err;
-  }
-}
+import { sdkStatus } from '../helpers/sdk.js';
 
 type Json = Record<string, unknown>;
 const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'will this fail?' }], max_tokens: 20 };
