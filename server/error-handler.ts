@@ -36,7 +36,8 @@ export function registerErrorHandling(app: FastifyInstance): void {
     if (err instanceof GatewayError) {
       if (err.status < 500) gw.metrics.refusals.inc({ reason: err.code });
       else request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
-      return answer(err.status, err.code, err.toEnvelope());
+      // Refusals are final; an upstream failure (5xx) is not, so SDKs keep their own retry rules.
+      return answer(err.status, err.code, err.toEnvelope(), err.status < 500 ? NO_RETRY_HEADERS : {});
     }
     const fe = err as FastifyError;
     if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {

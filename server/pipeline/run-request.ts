@@ -135,7 +135,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     finishLog(res.statusCode);
     reply
       .code(res.statusCode)
-      .headers({ ...NO_RETRY_HEADERS, ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
+      .headers({ ...(res.statusCode < 500 ? NO_RETRY_HEADERS : {}), ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
       .send(normaliseUpstreamError(res.statusCode, text));
     return;
   }
