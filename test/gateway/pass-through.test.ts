@@ -10,6 +10,7 @@ t.test('chat, non-streamed, through the openai SDK', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 5 });
   t.teardown(upstream.close);
   const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] }, { env: { DOUBLE_KEY: 'sk-upstream' } });
+  t.equal(gw.ledger.kind, process.env.TOLLGATE_TEST_STORE === 'postgres' ? 'postgres' : 'sqlite', 'the ledger this suite runs on');
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-anything' });
   const { data, response } = await client.chat.completions
     .create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 20 })

@@ -1,5 +1,7 @@
 // Starts a real gateway for a test: config parsed like the config file, a SQLite ledger on disk in
 // a temp folder, an explicit metrics registry, an injectable clock; listening on 127.0.0.1:0.
+// With TOLLGATE_TEST_STORE=postgres (and TOLLGATE_TEST_PG_URL) the ledger is PostgreSQL instead, in
+// a fresh schema — `npm run test:postgres` runs the gateway-level suites that way.
 
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -9,6 +11,9 @@ import { Registry } from 'prom-client';
 import { buildApp } from '../../server/app.js';
 import { parseConfig } from '../../server/config.js';
 import type { Ledger } from '../../metering/ledger.js';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { openStore } from '../../metering/stores/open-store.js';
 
 export interface TestGateway {
   app: FastifyInstance;
@@ -26,10 +31,15 @@ interface Teardown {
 export async function startGateway(
   t: Teardown,
   raw: Record<string, unknown>,
-  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger } = {},
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite' } = {},
 ): Promise<TestGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const dbPath = join(dir, 'ledger.db');
+  // A ledger this helper makes for the test (PostgreSQL on request) is closed, and dropped, here.
+  let own: { ledger: Ledger; drop: () => Promise<void> } | null = null;
+  if (!opts.ledger && opts.store !== 'sqlite' && process.env.TOLLGATE_TEST_STORE === 'postgres') {
+    own = await freshPostgres();
+  }
   const config = parseConfig({ store: { kind: 'sqlite', path: dbPath }, logging: { level: 'silent' }, ...raw }, {});
   const registry = new Registry();
   const now = { ms: Date.parse('2026-11-15T12:00:00Z') };
@@ -38,7 +48,7 @@ export async function startGateway(
     registry,
     env: opts.env ?? { TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
     clock: opts.clock ? () => now.ms : undefined,
-    ledger: opts.ledger,
+    ledger: opts.ledger ?? own?.ledger,
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
@@ -46,9 +56,27 @@ export async function startGateway(
   t.teardown(async () => {
     await app.close();
     if (opts.ledger) await opts.ledger.close();
+    if (own) {
+      await own.ledger.close();
+      await own.drop();
+    }
     rmSync(dir, { recursive: true, force: true });
   });
   return { app, url: `http://127.0.0.1:${port}`, ledger: app.gateway.ledger, registry, now, dbPath };
+}
+
+async function freshPostgres(): Promise<{ ledger: Ledger; drop: () => Promise<void> }> {
+  const url = process.env.TOLLGATE_TEST_PG_URL;
+  if (!url) throw new Error('TOLLGATE_TEST_STORE=postgres needs TOLLGATE_TEST_PG_URL');
+  const schema = `tg_gw_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+  const ledger = await openStore({ kind: 'postgres', url, schema });
+  const drop = async () => {
+    const admin = new pg.Client({ connectionString: url });
+    await admin.connect();
+    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin.end();
+  };
+  return { ledger, drop };
 }
 
 /** A plain upstream entry for the OpenAI double. */
