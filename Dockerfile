@@ -1,6 +1,6 @@
 # Tollgate: build with the full toolchain, run as a non-root user on the slim image (Node 26, the
 # current LTS; better-sqlite3 12 supports Node 20–26, the project itself needs Node ≥ 20).
-FROM node:26-bookworm AS build
+FROM node:26 AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
@@ -11,7 +11,7 @@ COPY metering ./metering
 COPY pricing ./pricing
 RUN npm run build && npm prune --omit=dev
 
-FROM node:26-bookworm-slim
+FROM node:26-slim
 ENV NODE_ENV=production TOLLGATE_HOST=0.0.0.0 TOLLGATE_PORT=8787
 WORKDIR /app
 COPY --from=build /app/node_modules ./node_modules
