@@ -3,21 +3,10 @@
 
 import t from 'tap';
 import OpenAI from 'openai';
-import { createServer } from 'node:net';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.js';
-
-/** A port nothing listens on (bound, then released). */
-async function deadPort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
+import { freePort as deadPort } from '../helpers/process.js';
 
 interface ModelEntry {
   id: string;

@@ -4,25 +4,15 @@
 
 import t, { type Test } from 'tap';
 import OpenAI from 'openai';
-import { createServer } from 'node:net';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
 import { sdkStatus } from '../helpers/sdk.js';
+import { freePort as deadPort } from '../helpers/process.js';
 
 type Json = Record<string, unknown>;
 const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'will this fail?' }], max_tokens: 20 };
-
-async function deadPort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 async function rows(gw: TestGateway): Promise<LedgerRow[]> {
   const out: LedgerRow[] = [];
