@@ -156,10 +156,12 @@ export async function relayStream(
   }
   if (out.cut || out.clientGone) abortUpstream();
   if (filter) {
+    // The summary first: text the filter still held makes the turn visible, and `write` must know
+    // that before it is asked to send it (else it would be held back with the rest and lost).
     const summary = filter.finish();
-    if (summary.chunk) write(sseData(summary.chunk));
     out.visibleText = summary.visibleText;
     out.toolsProposed = summary.toolsProposed;
+    if (summary.chunk) write(sseData(summary.chunk));
   }
   out.started = started;
   if (out.upstreamLost) {
