@@ -229,7 +229,10 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
     return;
   }
   let body = '';
-  for (const chunk of excerptStreamChunks(plan.model, text, false)) body += sseData(chunk);
+  const chunks = excerptStreamChunks(plan.model, text, false);
+  for (const chunk of chunks) body += sseData(chunk);
+  // The model generated nothing here (its turn failed): usage says so, if the client asked for it.
+  if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } });
   body += `: tollgate ${JSON.stringify({ charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd, fallback: 'evidence-excerpt' })}\n\n`;
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);

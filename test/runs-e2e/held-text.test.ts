@@ -37,3 +37,25 @@ t.test('text released by the filter at the end of a final stream reaches the cli
   t.equal(res.headers.get('x-tollgate-fallback'), null);
   t.ok(text.trimEnd().endsWith('data: [DONE]'));
 });
+
+t.test('a streamed fallback after a failed final turn still sends the usage chunk the client asked for', async (t) => {
+  const upstream = await startOpenAiDouble({ failWith: { status: 500, body: { error: { message: 'boom', type: 'server_error', param: null, code: null } } } });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+  const messages = [
+    { role: 'user', content: 'Find it.' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: 'found: it is here' },
+  ];
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, stream_options: { include_usage: true }, messages, tools: [{ type: 'function', function: { name: 'search' } }] }),
+  });
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {'));
+  const last = JSON.parse(events.at(-1)!.slice(6)) as { choices: unknown[]; usage: Record<string, number> };
+  t.same(last.choices, []);
+  t.same(last.usage, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }, 'the model generated nothing');
+});
