@@ -19,12 +19,10 @@ export const ERRORS = {
   row_too_large: { status: 413, type: 'invalid_request_error' },
   request_tokens_exceeded: { status: 413, type: 'invalid_request_error' },
   context_window_exceeded: { status: 413, type: 'invalid_request_error' },
-  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   internal_error: { status: 500, type: 'server_error' },
   upstream_unreachable: { status: 502, type: 'upstream_error' },
   upstream_bad_response: { status: 502, type: 'upstream_error' },
   upstream_timeout: { status: 504, type: 'upstream_error' },
-  not_ready: { status: 503, type: 'server_error' },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof ERRORS;

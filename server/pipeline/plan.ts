@@ -169,15 +169,16 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32) : `req-${randomUUID()}`;
   const runState = messages ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
-  const bounds = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
+  const merged = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
+  // Completions and embeddings are not research runs: no run token budget holds them (their size
+  // is bounded by the 413 limits, their money by the caps).
+  const bounds = messages ? merged : { ...merged, tokenBudget: null };
   const runInspection = messages ? inspectRun(messages, gw.config.runs.writeTools) : null;
 
   // 3. Shared prefix and charge (SPEC §4).
   const toolHash = toolHashOf(valid);
   const promptTokens = rows.sumTokens;
-  const sharedFor = (prefix: number[] | null, hash: string) =>
-    sharedPrefixTokens({ head, chain, prefix, model: valid.model, toolHash: hash, now: time, upstream: upstream.config });
-  let shared = sharedFor(counted.chat?.prefix ?? null, toolHash);
+  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: upstream.config });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
 
@@ -209,9 +210,16 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       counted = await countAll(gw, upstream, valid, finalMessages);
       // The gateway removed the tools itself: the leading messages are still what the model read
       // before, so the charge is measured on messages alone (ADR 0004).
-      const messagesOnly = counted.chat ? counted.chat.prefix.map((p) => p - (counted.chat?.prefix[0] ?? 0)) : null;
-      const headMessagesOnly = head ? { ...head, toolHash: '', prefix: head.prefix.map((p) => p - (head.prefix[0] ?? 0)) } : null;
-      shared = sharedPrefixTokens({ head: headMessagesOnly, chain, prefix: messagesOnly, model: valid.model, toolHash: '', now: time, upstream: upstream.config });
+      const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
+      shared = sharedPrefixTokens({
+        head: head ? { ...head, toolHash: '', prefix: withoutTools(head.prefix) } : null,
+        chain,
+        prefix: counted.chat ? withoutTools(counted.chat.prefix) : null,
+        model: valid.model,
+        toolHash: '',
+        now: time,
+        upstream: upstream.config,
+      });
       // The answer uses the reserve: its allowance is what the run has left after its prompt.
       const promptTokensFinal = counted.rowTokens[0];
       promptCharge = promptChargeFor(promptTokensFinal, shared);

@@ -60,3 +60,17 @@ t.test('the context window bounds max_affordable_allowance when no budget does',
   t.equal(a.max_affordable_allowance, 300 - (a.longest_row as number));
   t.equal((a.charge as Json).allowance, 300 - (a.longest_row as number), 'an unspecified allowance is clamped to the room left');
 });
+
+t.test('completions and embeddings are not runs: the run token budget does not hold them', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 4 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 100, answerReserveTokens: 10 } });
+  const row = ' word'.repeat(60);
+  const post = (path: string, body: Json) => fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  t.equal((await post('/v1/embeddings', { model: 'gpt-4o', input: [row, row, row] })).status, 200, '180 tokens of embeddings against a 100-token run budget');
+  t.equal((await post('/v1/completions', { model: 'gpt-4o', prompt: row, max_tokens: 80 })).status, 200);
+  const plan = (await (await post('/v1/admission', { endpoint: '/v1/embeddings', request: { model: 'gpt-4o', input: [row, row] } })).json()) as Json;
+  t.equal((plan.budgets as Json).run, null);
+  // A chat request of the same size is a run, and is held.
+  t.equal((await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 80, messages: [{ role: 'user', content: row }] })).status, 402);
+});
