@@ -43,6 +43,18 @@ export interface ChatPrompt {
   messages: ChatMessage[];
   tools?: ToolDefinition[];
   tool_choice?: unknown;
+  /** Counts already known for the leading messages (metering/prefix-memo.ts); a hint a counter may use. */
+  known?: KnownPrefix;
+}
+
+/** The counts of an earlier, equal list of leading messages, from the counter that made them. */
+export interface KnownPrefix {
+  /** How many leading messages the counts cover. */
+  messages: number;
+  /** The method of the counter that made them: only the same counter reuses them. */
+  method: CountMethod;
+  /** ChatCount.prefix of that list: prefix[k + 1] − prefix[k] is message k's tokens. */
+  prefix: readonly number[];
 }
 
 /** A chat prompt's count, with the running total after each message for shared-prefix charging. */

@@ -11,6 +11,7 @@ import { initMetrics } from './metrics.js';
 import { UpstreamRegistry } from './upstreams.js';
 import { Authenticator } from './auth.js';
 import { gatewayCounters } from './counters.js';
+import { PrefixMemo } from '../metering/prefix-memo.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
@@ -95,6 +96,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     auth: new Authenticator(config, ledger),
     counters: gatewayCounters(config, clock),
     prices: PriceTable.load(config.prices.overrides),
+    prefixMemo: new PrefixMemo(),
     clock,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,

@@ -9,6 +9,7 @@ import type { UpstreamRegistry } from './upstreams.js';
 import type { Authenticator } from './auth.js';
 import type { Counters } from './counters.js';
 import type { PriceTable } from '../pricing/price-table.js';
+import type { PrefixMemo } from '../metering/prefix-memo.js';
 
 export type Clock = () => number;
 
@@ -20,6 +21,8 @@ export interface Gateway {
   auth: Authenticator;
   counters: Counters;
   prices: PriceTable;
+  /** Earlier turns' message lists, so a turn hashes and counts only what it added. */
+  prefixMemo: PrefixMemo;
   clock: Clock;
   log: FastifyBaseLogger;
   adminToken: string | null;

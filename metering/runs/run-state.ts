@@ -132,11 +132,12 @@ function readBatch(messages: readonly ChatMessage[], assistantIndex: number, wri
  * `h[i]` identifies messages[0..i]; two requests share their first k messages exactly when their
  * `h[k−1]` match, which is how a conversation and its shared prefix are found without an id.
  */
-export function chainHashes(messages: readonly ChatMessage[]): string[] {
-  const out: string[] = [];
-  let prev = '';
-  for (const m of messages) {
-    prev = sha256Hex(`${prev}|${messageDigest(m)}`);
+export function chainHashes(messages: readonly ChatMessage[], known: readonly string[] = []): string[] {
+  // `known`: the chain of equal leading messages, already computed (metering/prefix-memo.ts).
+  const out = known.slice(0, messages.length);
+  let prev = out.length > 0 ? out[out.length - 1]! : '';
+  for (let i = out.length; i < messages.length; i++) {
+    prev = sha256Hex(`${prev}|${messageDigest(messages[i]!)}`);
     out.push(prev);
   }
   return out;

@@ -209,7 +209,15 @@ export class TiktokenCounter implements TokenCounter {
     const parts: Array<CachedCount | Job> = [];
     const offered = prompt.tools ?? [];
     parts.push(offered.length > 0 ? this.lookup('tools', offered, () => this.toolsRecipe(offered)) : { tokens: 0, upperBound: false });
-    for (const message of prompt.messages) parts.push(this.lookup('message', message, () => messageRecipe(message)));
+    // Leading messages whose exact counts are known from this counter (an earlier turn) are not
+    // looked up one by one: turn N's work stays with what turn N added.
+    const known = prompt.known !== undefined && prompt.known.method === this.method ? prompt.known : null;
+    const reuse = known === null ? 0 : Math.min(known.messages, prompt.messages.length, known.prefix.length - 1);
+    for (let i = 0; i < reuse; i++) parts.push({ tokens: known!.prefix[i + 1]! - known!.prefix[i]!, upperBound: false });
+    for (let i = reuse; i < prompt.messages.length; i++) {
+      const message = prompt.messages[i]!;
+      parts.push(this.lookup('message', message, () => messageRecipe(message)));
+    }
     return parts;
   }
 

@@ -8,7 +8,8 @@ import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import type { ValidRequest } from './endpoints.js';
-import type { ChatCount, ChatMessage } from '../../metering/types.js';
+import type { ChatCount, ChatMessage, KnownPrefix } from '../../metering/types.js';
+import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
 import { checkSizes } from '../../metering/size-check.js';
@@ -81,14 +82,14 @@ function toolHashOf(valid: ValidRequest): string {
  * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
  * counts the final-answer request instead: its messages, and no tools.
  */
-async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, finalMessages?: ChatMessage[]): Promise<RowCounts> {
+async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, finalMessages?: ChatMessage[], known?: KnownPrefix): Promise<RowCounts> {
   const body = valid.body;
   const request =
     valid.kind !== 'chat'
       ? { prompt: body.prompt, input: body.input }
       : finalMessages
         ? { messages: finalMessages }
-        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice };
+        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, known };
   try {
     return await countRows(valid.kind, valid.model, request, gw.counters.forModel(upstream, valid.model));
   } catch (err) {
@@ -99,11 +100,13 @@ async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, fi
   }
 }
 
-async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[]) {
+async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[], remembered: PrefixMatch | null) {
   const named = header(headers, 'x-tollgate-conversation');
   if (named) return { conversation: named, source: 'header' as const };
   if (chain.length > 0) {
-    const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain);
+    // The remembered earlier list is most likely the previous request's: ask for its head first.
+    const likely = remembered === null ? null : await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, [chain[remembered.length - 1]!]);
+    const found = likely ?? (await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain));
     if (found) return { conversation: found, source: 'inferred' as const };
   }
   return { conversation: `conv-${randomUUID()}`, source: 'new' as const };
@@ -133,8 +136,14 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
   const contextWindow = await gw.counters.contextWindow(upstream, valid.model);
 
-  // 1. Rows and their tokens; the 413 checks in SPEC §11's order.
-  let counted = await countAll(gw, upstream, valid);
+  // 1. Rows and their tokens; the 413 checks in SPEC §11's order. Leading messages this process
+  // has seen in an earlier turn keep their chain and counts (metering/prefix-memo.ts).
+  const messages = valid.messages;
+  const memoScope = principal.keyId ?? `tenant:${principal.tenant}`;
+  const remembered = messages ? gw.prefixMemo.match(memoScope, messages) : null;
+  const known = remembered?.counts ? { messages: remembered.length, ...remembered.counts } : undefined;
+  let counted = await countAll(gw, upstream, valid, undefined, known);
+  const countedAsSent = counted;
   let rows = planRows({
     kind: valid.kind,
     rowTokens: counted.rowTokens,
@@ -153,9 +162,12 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
 
   // 2. The conversation, its previous request, and this request's run.
-  const messages = valid.messages;
-  const chain = messages ? chainHashes(messages) : [];
-  const { conversation, source } = await resolveConversation(gw, headers, principal, chain);
+  const chain = messages ? chainHashes(messages, remembered?.chain) : [];
+  if (messages) {
+    const c = countedAsSent.chat;
+    gw.prefixMemo.remember(memoScope, messages, chain, c && !c.upperBound ? { method: c.method, prefix: c.prefix } : null, remembered);
+  }
+  const { conversation, source } = await resolveConversation(gw, headers, principal, chain, remembered);
   const parent = header(headers, 'x-tollgate-parent');
   const head = await gw.ledger.getHead(conversation);
   // A conversation (or parent) named by another tenant is not this tenant's to spend in or read.

@@ -1,0 +1,163 @@
+// What this process remembers of each conversation's latest message list, so that turn N does not
+// hash and look up again the N−1 turns it has already seen (SPEC §3: work grows with the new
+// content). Every chat request resends the whole conversation; the previous request's message
+// objects are kept here with their prefix-chain hashes and token counts. A new request whose leading
+// messages are *equal* to a remembered list (compared as values, as the chain's canonical form
+// compares them: keys in any order, null and absent alike) takes that list's chain and counts for
+// those messages and hashes and counts only the rest.
+//
+// It is a cache, never the truth: a miss (another replica served the previous turn, a restart, an
+// eviction) falls back to hashing every message, which gives the same chain. Memory is bounded in
+// bytes; one conversation holds one entry, because an entry that a longer list extends is dropped.
+
+import type { ChatMessage, KnownPrefix } from './types.js';
+import { messageDigest } from './message-digest.js';
+
+/** Token counts of a remembered list (exact ones only), from the counter that made them. */
+export type KnownCounts = Omit<KnownPrefix, 'messages'>;
+
+export interface PrefixMatch {
+  /** Leading messages of the request equal to the remembered list (all of it). */
+  length: number;
+  /** Chain hashes of those messages. */
+  chain: readonly string[];
+  counts: KnownCounts | null;
+  /** The remembered list itself (for `remember`). */
+  readonly entry: object;
+}
+
+interface Entry {
+  key: string;
+  messages: readonly ChatMessage[];
+  chain: readonly string[];
+  counts: KnownCounts | null;
+  bytes: number;
+}
+
+/** 32 MiB: the latest message lists of a few thousand long conversations. */
+export const DEFAULT_PREFIX_MEMO_BYTES = 32 * 1024 * 1024;
+/**
+ * Messages one turn may add to the list it grew from and still be found: an assistant turn with
+ * its tool results, several times over. A turn that adds more is hashed in full.
+ */
+export const MAX_NEW_MESSAGES = 32;
+const ENTRY_OVERHEAD_BYTES = 256;
+const MESSAGE_OVERHEAD_BYTES = 64;
+
+// Lists are found by (scope, length, digest of their last message): one hash per length tried, and
+// the digests computed while looking are the ones the chain needs anyway (they are memoised).
+function keyOf(scope: string, messages: readonly ChatMessage[], length: number): string {
+  return `${scope}\u0000${length}\u0000${messageDigest(messages[length - 1]!)}`;
+}
+
+export class PrefixMemo {
+  private readonly maxBytes: number;
+  // Least recently used first (Map insertion order).
+  private readonly entries = new Map<string, Entry>();
+  private bytes = 0;
+
+  constructor(maxBytes: number = DEFAULT_PREFIX_MEMO_BYTES) {
+    this.maxBytes = maxBytes;
+  }
+
+  /** The longest remembered list of `scope` whose every message equals this request's leading one. */
+  match(scope: string, messages: readonly ChatMessage[]): PrefixMatch | null {
+    if (this.entries.size === 0) return null;
+    const shortest = Math.max(1, messages.length - MAX_NEW_MESSAGES);
+    for (let length = messages.length; length >= shortest; length--) {
+      const e = this.entries.get(keyOf(scope, messages, length));
+      if (e === undefined || !sameMessages(e.messages, messages)) continue;
+      this.entries.delete(e.key);
+      this.entries.set(e.key, e);
+      return { length, chain: e.chain, counts: e.counts, entry: e };
+    }
+    return null;
+  }
+
+  /**
+   * Remembers this request's messages (not copied: request bodies are never mutated) with their
+   * chain and counts. `from` is the match this request was planned with: the list it grew from is
+   * dropped (one entry per conversation), and its size is carried over rather than measured again.
+   */
+  remember(scope: string, messages: readonly ChatMessage[], chain: readonly string[], counts: KnownCounts | null, from: PrefixMatch | null): void {
+    if (this.maxBytes <= 0 || messages.length === 0) return;
+    const previous = from === null ? undefined : this.entries.get((from.entry as Entry).key);
+    const bytes = previous === undefined
+      ? ENTRY_OVERHEAD_BYTES + approximateBytes(messages, 0)
+      : previous.bytes + approximateBytes(messages, previous.messages.length);
+    if (previous !== undefined) this.drop(previous);
+    const key = keyOf(scope, messages, messages.length);
+    const same = this.entries.get(key);
+    if (same !== undefined) this.drop(same);
+    if (bytes > this.maxBytes) return;
+    this.entries.set(key, { key, messages, chain, counts, bytes });
+    this.bytes += bytes;
+    for (const oldest of this.entries.values()) {
+      if (this.bytes <= this.maxBytes) break;
+      this.drop(oldest);
+    }
+  }
+
+  stats(): { entries: number; bytes: number; maxBytes: number } {
+    return { entries: this.entries.size, bytes: this.bytes, maxBytes: this.maxBytes };
+  }
+
+  private drop(e: Entry): void {
+    if (this.entries.get(e.key) !== e) return;
+    this.entries.delete(e.key);
+    this.bytes -= e.bytes;
+  }
+}
+
+/** True when `remembered` equals the leading messages of `messages`, the last one compared first. */
+function sameMessages(remembered: readonly ChatMessage[], messages: readonly ChatMessage[]): boolean {
+  const n = remembered.length;
+  if (n === 0) return false;
+  if (!canonicalEqual(remembered[n - 1], messages[n - 1])) return false;
+  for (let i = 0; i < n - 1; i++) if (!canonicalEqual(remembered[i], messages[i])) return false;
+  return true;
+}
+
+function absent(v: unknown): boolean {
+  return v === null || v === undefined || typeof v === 'function';
+}
+
+/**
+ * Equality under metering/canonical-json.ts's canonical form: object keys in any order, members
+ * that are null or absent alike; array elements as they are. Equal values have equal digests.
+ */
+export function canonicalEqual(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a)) {
+    if (!Array.isArray(b) || a.length !== b.length) return false;
+    for (let i = 0; i < a.length; i++) if (!canonicalEqual(a[i] ?? null, b[i] ?? null)) return false;
+    return true;
+  }
+  if (Array.isArray(b)) return false;
+  const x = a as Record<string, unknown>;
+  const y = b as Record<string, unknown>;
+  let present = 0;
+  for (const k in x) {
+    const v = x[k];
+    if (absent(v)) continue;
+    present++;
+    if (!canonicalEqual(v, y[k])) return false;
+  }
+  for (const k in y) if (!absent(y[k])) present--;
+  return present === 0;
+}
+
+/** Roughly what messages[from..] keep alive: their text, plus a little per message. */
+function approximateBytes(messages: readonly ChatMessage[], from: number): number {
+  let bytes = 0;
+  for (let i = from; i < messages.length; i++) {
+    const m = messages[i]!;
+    bytes += MESSAGE_OVERHEAD_BYTES;
+    const c = m.content;
+    if (typeof c === 'string') bytes += c.length * 2;
+    else if (c != null) bytes += JSON.stringify(c).length * 2;
+    if (m.tool_calls) bytes += JSON.stringify(m.tool_calls).length * 2;
+  }
+  return bytes;
+}
