@@ -1,0 +1,84 @@
+// The SQLite store's commit path: group commit without a savepoint per request (one request that
+// throws costs the batch a replay, never another request's write), and the WAL checkpointed by a
+// worker thread rather than by the gateway's own connection (ADR 0012).
+import t from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
+import { WalCheckpointer, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES } from '../../metering/stores/sqlite-checkpointer.js';
+import { reservation, settlement, collect } from '../helpers/stores.js';
+
+function tempLedger(t: { teardown(fn: () => unknown): void }) {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-commit-'));
+  const path = join(dir, 'ledger.db');
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  return path;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+t.test('a request that throws inside a group commit fails alone; the rest of its batch is written', async (t) => {
+  const path = tempLedger(t);
+  const ledger = new SqliteLedger({ path });
+  t.teardown(() => ledger.close());
+  const first = reservation({ run: 'run-batch', promptCharge: 100, allowance: 50 });
+  t.same(await ledger.admit(first), { ok: true });
+
+  // Three admissions in one turn of the event loop share one transaction; the middle one reuses an
+  // id already in the ledger, so its row insert throws after it has touched the run's counters.
+  const a = reservation({ run: 'run-batch', promptCharge: 10, allowance: 5 });
+  const dup = { ...reservation({ run: 'run-batch', promptCharge: 1000, allowance: 1000 }), id: first.id };
+  const b = reservation({ run: 'run-batch', promptCharge: 20, allowance: 5 });
+  const [ra, rdup, rb] = await Promise.allSettled([ledger.admit(a), ledger.admit(dup), ledger.admit(b)]);
+  t.same(ra, { status: 'fulfilled', value: { ok: true } });
+  t.equal(rdup.status, 'rejected', 'the duplicate fails');
+  t.match(String((rdup as PromiseRejectedResult).reason), /UNIQUE/);
+  t.same(rb, { status: 'fulfilled', value: { ok: true } });
+
+  const run = await ledger.getRun('run-batch');
+  t.equal(run?.usedTokens, 150 + 15 + 25, 'the failed request left nothing behind in the run budget');
+  await ledger.settle(a.id, settlement(a, 5));
+  await ledger.settle(b.id, settlement(b, 0));
+  const rows = await collect(ledger.exportRows(null, null));
+  t.same(rows.map((r) => r.id).sort(), [first.id, a.id, b.id].sort(), 'exactly the three good rows');
+});
+
+t.test('past a megabyte of WAL, a worker thread checkpoints it and the data stays whole', async (t) => {
+  const path = tempLedger(t);
+  const ledger = new SqliteLedger({ path });
+  t.equal(ledger.checkpointStats()?.running, false, 'no worker for a ledger that has written little');
+  const ids: string[] = [];
+  for (let batch = 0; batch < 80; batch++) {
+    const rs = Array.from({ length: 8 }, (_, i) => reservation({ conversation: `conv-${batch}-${i}`, run: `run-${batch}-${i}`, worstCaseUsd: 0.001 }));
+    await Promise.all(rs.map((r) => ledger.admit(r)));
+    await Promise.all(rs.map((r) => ledger.settle(r.id, settlement(r, 10))));
+    ids.push(...rs.map((r) => r.id));
+    if ((ledger.checkpointStats()?.checkpoints ?? 0) > 0) break;
+    if (ledger.checkpointStats()?.running) await sleep(5);
+  }
+  for (let i = 0; i < 200 && (ledger.checkpointStats()?.checkpoints ?? 0) === 0; i++) await sleep(10);
+  const stats = ledger.checkpointStats()!;
+  t.equal(stats.failed, null);
+  t.ok(stats.checkpoints >= 1, `${stats.checkpoints} checkpoints by the worker`);
+  t.ok(stats.framesCheckpointed > 0, `${stats.framesCheckpointed} WAL frames copied into the database`);
+  await ledger.close();
+  t.equal(ledger.checkpointStats()?.running, false, 'the worker stops with the ledger');
+
+  const again = new SqliteLedger({ path });
+  t.teardown(() => again.close());
+  const rows = await collect(again.exportRows(null, null));
+  t.equal(rows.length, ids.length, 'every row is there after reopening');
+  t.ok(rows.every((r) => r.state === 'settled'));
+});
+
+t.test('a checkpoint worker that fails hands checkpointing back to the connection', async (t) => {
+  const settings: number[] = [];
+  const cp = new WalCheckpointer(join(tmpdir(), 'no-such-dir-tollgate', 'ledger.db'), 'NORMAL', (p) => settings.push(p), 0);
+  t.teardown(() => cp.close());
+  for (let i = 0; i < 64; i++) cp.afterCommit();
+  for (let i = 0; i < 300 && cp.stats().failed === null; i++) await sleep(10);
+  t.match(cp.stats().failed, /./, `failed: ${cp.stats().failed}`);
+  t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES], 'raised while it ran, restored when it failed');
+  t.equal(cp.stats().running, false);
+});
