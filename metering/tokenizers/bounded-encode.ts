@@ -7,6 +7,7 @@
 // the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum is an
 // upper bound on the true count, and the caller labels it so (SPEC §2, §3).
 import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
+import { countOrdinary } from './segment-count.js';
 
 /** Longest run (of non-whitespace, or of whitespace) encoded in one piece. */
 export const MAX_PIECE = 256;
@@ -97,7 +98,7 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
 export function countBounded(encoding: TiktokenEncoding, text: string): PieceCount {
   if (text.length === 0) return { tokens: 0, split: false };
   const enc = getEncoder(encoding);
-  if (text.length <= MAX_PIECE) return { tokens: enc.encode_ordinary(text).length, split: false };
+  if (text.length <= MAX_PIECE) return { tokens: countOrdinary(enc, text), split: false };
 
   let tokens = 0;
   let split = false;
@@ -105,12 +106,12 @@ export function countBounded(encoding: TiktokenEncoding, text: string): PieceCou
   const budget: Budget = { chars: RUN_WORK_BUDGET, seen: new Map() };
   LONG_RUN.lastIndex = 0;
   for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
-    if (m.index > last) tokens += enc.encode_ordinary(text.slice(last, m.index)).length;
+    if (m.index > last) tokens += countOrdinary(enc, text.slice(last, m.index));
     tokens += countRun(enc, encoding, m[0], budget);
     split = true;
     last = m.index + m[0].length;
   }
-  if (last < text.length) tokens += enc.encode_ordinary(last === 0 ? text : text.slice(last)).length;
+  if (last < text.length) tokens += countOrdinary(enc, last === 0 ? text : text.slice(last));
   return { tokens, split };
 }
 
