@@ -96,33 +96,45 @@ export async function relayStream(
       return true;
     }
     if (!isObject(chunk)) return true;
-    const { usage, timings, choices, ...meta } = chunk;
-    out.meta = { id: meta.id, object: meta.object, created: meta.created, model: meta.model };
+    const { usage, timings, choices } = chunk;
+    // id, object, created and model are the stream's, the same in every chunk: taken once.
+    if (out.meta.id === undefined) out.meta = { id: chunk.id, object: chunk.object, created: chunk.created, model: chunk.model };
     if (isObject(usage)) out.usage = usage;
     if (isObject(timings)) out.timings = timings;
     if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
 
     const kept: Json[] = [];
+    let untouched = !filter && usage === undefined && timings === undefined;
+    let visible = false;
     for (const raw of choices) {
-      if (!isObject(raw)) continue;
+      if (!isObject(raw)) {
+        untouched = false;
+        continue;
+      }
       const index = typeof raw.index === 'number' ? raw.index : 0;
-      if (finished.has(index)) continue;
-      if (!meter.add(index, deltaText(raw))) {
+      if (finished.has(index)) {
+        untouched = false;
+        continue;
+      }
+      const text = deltaText(raw);
+      if (!meter.add(index, text)) {
         // Past the allowance: this piece is not forwarded and the choice ends here.
         kept.push(...(lengthChunk(index).choices as Json[]));
         finished.add(index);
         out.cut = true;
+        untouched = false;
         continue;
       }
+      if (!visible && text.trim() !== '') visible = true;
       kept.push(raw);
       if (typeof raw.finish_reason === 'string') finished.add(index);
     }
     // The common case — a chunk passed on as it came — is written as received, not re-serialised.
-    const untouched = !filter && kept.length === choices.length && kept.every((k, i) => k === choices[i]) && usage === undefined && timings === undefined;
     if (untouched) {
-      if (kept.some((c) => deltaText(c).trim() !== '')) out.visibleText = true;
+      if (visible) out.visibleText = true;
       write(`data: ${event.data}\n\n`);
     } else if (kept.length > 0) {
+      const { usage: _u, timings: _t, choices: _c, ...meta } = chunk;
       let next: Json | null = { ...meta, choices: kept };
       if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
       if (filter) next = filter.push(next);

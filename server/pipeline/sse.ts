@@ -41,6 +41,8 @@ export class SseParser {
 }
 
 function parseEvent(raw: string): SseEvent {
+  // The usual event is one `data: …` line.
+  if (raw.startsWith('data: ') && !raw.includes('\n')) return { data: raw.slice(6), raw };
   const data: string[] = [];
   for (const line of raw.split('\n')) {
     if (line.startsWith('data:')) data.push(line.slice(line.startsWith('data: ') ? 6 : 5));
