@@ -275,8 +275,10 @@ async function countingBench(out: string[]): Promise<void> {
     table(
       ['measure', 'turn 1 ms', `turn ${n} ms`, `turn ${n} / turn 1`, 'turns 1–10 mean ms', `turns ${n - 9}–${n} mean ms`, 'last 10 / first 10 (target ≤ 1.2×)'],
       [
-        ['plan() (new messages not yet counted)', conv.planMs, ''] as const,
-        ['tollgate_gateway_overhead_seconds, over HTTP', conv.overheadMs, ''] as const,
+        ['plan() — counting, chain, conversation, charge (new messages not yet counted)', conv.planMs, ''] as const,
+        ['JSON.parse + validation of the body (before plan)', conv.parseMs, ''] as const,
+        ['parse + validation + plan()', conv.planMs.map((p, i) => p + (conv.parseMs[i] ?? 0)), ''] as const,
+        ['tollgate_gateway_overhead_seconds, over HTTP (everything but the upstream)', conv.overheadMs, ''] as const,
       ].map(([label, a]) => [label, fmt(a[0], 3), fmt(a[n - 1], 3), `${fmt(a[n - 1] / a[0])}×`, fmt(first10(a), 3), fmt(last10(a), 3), `${fmt(last10(a) / first10(a))}× (${verdict(last10(a) / first10(a) <= 1.2)})`]),
     ),
   );

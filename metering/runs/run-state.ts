@@ -3,6 +3,7 @@
 // list a tool-using client resends every turn already holds the run's whole history.
 
 import type { ChatMessage } from '../types.js';
+import { createHash } from 'node:crypto';
 import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.js';
 import { messageDigest } from '../message-digest.js';
 
@@ -127,6 +128,15 @@ function readBatch(messages: readonly ChatMessage[], assistantIndex: number, wri
 }
 
 /**
+ * One link of the prefix chain: SHA-256 of the previous link and the message's digest, its first
+ * 128 bits in base64url (22 characters). Ample against collisions, and a 200-message chain that
+ * the ledger re-writes every turn stays ~4 KB.
+ */
+export function chainLink(previous: string, digest: string): string {
+  return createHash('sha256').update(`${previous}|${digest}`).digest('base64url').slice(0, 22);
+}
+
+/**
  * Prefix-chain hashes: `h[i] = H(h[i−1] ‖ digest(message i))`, `h[−1] = ''` (digest: see
  * metering/message-digest.ts).
  * `h[i]` identifies messages[0..i]; two requests share their first k messages exactly when their
@@ -137,7 +147,7 @@ export function chainHashes(messages: readonly ChatMessage[], known: readonly st
   const out = known.slice(0, messages.length);
   let prev = out.length > 0 ? out[out.length - 1]! : '';
   for (let i = out.length; i < messages.length; i++) {
-    prev = sha256Hex(`${prev}|${messageDigest(messages[i]!)}`);
+    prev = chainLink(prev, messageDigest(messages[i]!));
     out.push(prev);
   }
   return out;

@@ -69,6 +69,26 @@ interface Pending {
   reject: (e: unknown) => void;
 }
 
+/**
+ * A head's chain as stored: hashes of one width (the gateway's are 22 characters) are written
+ * back to back behind their width, `22:…` — a long conversation's chain is re-written every turn,
+ * and this is a third of its JSON and needs no parsing; anything else as a JSON array.
+ */
+export function encodeChain(chain: readonly string[]): string {
+  const width = chain[0]?.length ?? 0;
+  if (width > 0 && chain.every((h) => h.length === width)) return `${width}:${chain.join('')}`;
+  return JSON.stringify(chain);
+}
+
+export function decodeChain(stored: string): string[] {
+  if (stored.startsWith('[')) return JSON.parse(stored) as string[];
+  const colon = stored.indexOf(':');
+  const width = Number(stored.slice(0, colon));
+  const out: string[] = [];
+  for (let at = colon + 1; at < stored.length; at += width) out.push(stored.slice(at, at + width));
+  return out;
+}
+
 const NO_MONEY: MoneyScopeState = { capUsd: null, spentUsd: 0, tasksUsd: 0, reservedUsd: 0 };
 
 export class SqliteLedger implements Ledger {
@@ -264,7 +284,7 @@ export class SqliteLedger implements Ledger {
       tenant: h.tenant,
       model: h.model,
       toolHash: h.tool_hash,
-      chain: JSON.parse(h.chain) as string[],
+      chain: decodeChain(h.chain),
       prefix: JSON.parse(h.prefix) as number[],
       lastCostUsd: h.last_cost_usd,
       lastPromptTokens: h.last_prompt_tokens,
@@ -284,7 +304,7 @@ export class SqliteLedger implements Ledger {
       tenant: h.tenant,
       model: h.model,
       tool_hash: h.toolHash,
-      chain: JSON.stringify(h.chain),
+      chain: encodeChain(h.chain),
       prefix: JSON.stringify(h.prefix),
       last_hash: h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
       last_cost_usd: h.lastCostUsd,

@@ -82,3 +82,13 @@ t.test('a checkpoint worker that fails hands checkpointing back to the connectio
   t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES], 'raised while it ran, restored when it failed');
   t.equal(cp.stats().running, false);
 });
+
+t.test("a head's chain is stored back to back when its hashes share a width, and read back either way", async (t) => {
+  const { encodeChain, decodeChain } = await import('../../metering/stores/sqlite-store.js');
+  const gateway = ['AAAAAAAAAAAAAAAAAAAAAA', 'b-_b-_b-_b-_b-_b-_b-_b', 'c:cccccccccccccccccccc'];
+  t.equal(encodeChain(gateway), `22:${gateway.join('')}`);
+  for (const chain of [gateway, ['h1'], ['a1', 'a22', 'x'], [], ['[odd', 'ones']]) {
+    t.same(decodeChain(encodeChain(chain)), chain, JSON.stringify(chain));
+  }
+  t.same(decodeChain('["legacy","json"]'), ['legacy', 'json'], 'heads written before stay readable');
+});
