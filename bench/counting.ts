@@ -54,7 +54,7 @@ export interface ConversationResult {
   conversations: number;
 }
 
-export async function conversationBench(conversations = 10, turns = 100): Promise<ConversationResult> {
+export async function conversationBench(conversations = 40, turns = 100): Promise<ConversationResult> {
   const upstream = await startBenchUpstream({ completionTokens: 64 });
   const gw = await startBenchGateway(upstream.url, { kind: 'sqlite', synchronous: 'NORMAL' });
   const g = gw.app.gateway;

@@ -89,6 +89,25 @@ export function decodeChain(stored: string): string[] {
   return out;
 }
 
+/** Conversations whose head arrays are kept in memory: a long chain is ~4 KB of strings. */
+const HEAD_ARRAYS_KEPT = 4096;
+
+function headOf(h: Omit<HeadRecord, 'chain' | 'prefix'>, chain: string[], prefix: number[]): ConversationHead {
+  return {
+    conversation: h.conversation,
+    keyId: h.key_id,
+    tenant: h.tenant,
+    model: h.model,
+    toolHash: h.tool_hash,
+    chain,
+    prefix,
+    lastCostUsd: h.last_cost_usd,
+    lastPromptTokens: h.last_prompt_tokens,
+    lastOutputTokens: h.last_output_tokens,
+    time: h.time,
+  };
+}
+
 const NO_MONEY: MoneyScopeState = { capUsd: null, spentUsd: 0, tasksUsd: 0, reservedUsd: 0 };
 
 export class SqliteLedger implements Ledger {
@@ -102,6 +121,8 @@ export class SqliteLedger implements Ledger {
   private pending: Pending[] = [];
   private flushScheduled = false;
   private readonly checkpointer: WalCheckpointer | null;
+  /** Chain and prefix of recently written or read heads (least recently used first). */
+  private readonly headArrays = new Map<string, { chain: string[]; prefix: number[]; time: number; lastHash: string }>();
 
   constructor(opts: SqliteLedgerOptions) {
     this.db = new Database(opts.path);
@@ -276,21 +297,27 @@ export class SqliteLedger implements Ledger {
   }
 
   async getHead(conversation: string): Promise<ConversationHead | null> {
+    // A head this process wrote or read keeps its chain and prefix here: only the short columns
+    // are read, and the long ones are used if the row still ends on the same hash at the same time
+    // (another process on the file may have moved it on).
+    const known = this.headArrays.get(conversation);
+    if (known !== undefined) {
+      const h = this.q.getHeadScalars.get(conversation) as Omit<HeadRecord, 'chain' | 'prefix'> & { last_hash: string } | undefined;
+      if (!h) return null;
+      if (h.time === known.time && h.last_hash === known.lastHash) return headOf(h, known.chain, known.prefix);
+    }
     const h = this.q.getHead.get(conversation) as HeadRecord | undefined;
     if (!h) return null;
-    return {
-      conversation: h.conversation,
-      keyId: h.key_id,
-      tenant: h.tenant,
-      model: h.model,
-      toolHash: h.tool_hash,
-      chain: decodeChain(h.chain),
-      prefix: JSON.parse(h.prefix) as number[],
-      lastCostUsd: h.last_cost_usd,
-      lastPromptTokens: h.last_prompt_tokens,
-      lastOutputTokens: h.last_output_tokens,
-      time: h.time,
-    };
+    const chain = decodeChain(h.chain);
+    const prefix = JSON.parse(h.prefix) as number[];
+    this.rememberHead(conversation, chain, prefix, h.time);
+    return headOf(h, chain, prefix);
+  }
+
+  private rememberHead(conversation: string, chain: string[], prefix: number[], time: number): void {
+    this.headArrays.delete(conversation);
+    this.headArrays.set(conversation, { chain, prefix, time, lastHash: chain.length > 0 ? chain[chain.length - 1]! : '' });
+    if (this.headArrays.size > HEAD_ARRAYS_KEPT) this.headArrays.delete(this.headArrays.keys().next().value!);
   }
 
   async putHead(h: ConversationHead): Promise<void> {
@@ -298,6 +325,7 @@ export class SqliteLedger implements Ledger {
   }
 
   private writeHead(h: ConversationHead): void {
+    this.rememberHead(h.conversation, h.chain, h.prefix, h.time);
     this.q.putHead.run({
       conversation: h.conversation,
       key_id: h.keyId,

@@ -155,19 +155,32 @@ export class TiktokenCounter implements TokenCounter {
    * small, else in a worker, awaited (ADR 0009). Either way the same `countBounded` runs.
    */
   async countChat(prompt: ChatPrompt): Promise<ChatCount> {
-    const parts = this.chatParts(prompt);
+    const known = this.knownPrefix(prompt);
+    const parts = this.chatParts(prompt, known);
     const jobs = parts.filter((p): p is Job => 'recipe' in p);
     const texts = jobs.flatMap((j) => j.recipe.texts);
     const counts = await this.countTexts(texts);
-    return this.assemble(parts, jobs, counts);
+    return this.assemble(parts, jobs, counts, known);
   }
 
   /** The whole count on the calling thread, whatever its size. */
   countChatSync(prompt: ChatPrompt): ChatCount {
-    const parts = this.chatParts(prompt);
+    const known = this.knownPrefix(prompt);
+    const parts = this.chatParts(prompt, known);
     const jobs = parts.filter((p): p is Job => 'recipe' in p);
     const counts = jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t));
-    return this.assemble(parts, jobs, counts);
+    return this.assemble(parts, jobs, counts, known);
+  }
+
+  /**
+   * Leading messages whose exact counts this counter made for an earlier turn (metering/prefix-memo.ts):
+   * they are neither looked up nor counted, so turn N's work stays with what turn N added.
+   */
+  private knownPrefix(prompt: ChatPrompt): { messages: number; prefix: readonly number[] } | null {
+    const known = prompt.known;
+    if (known === undefined || known.method !== this.method) return null;
+    const messages = Math.min(known.messages, prompt.messages.length, known.prefix.length - 1);
+    return messages > 0 ? { messages, prefix: known.prefix } : null;
   }
 
   async countText(text: string): Promise<TextCount> {
@@ -204,17 +217,15 @@ export class TiktokenCounter implements TokenCounter {
     return texts.map((t) => countBounded(this.encoding, t));
   }
 
-  /** Tools first, then each message: a cached count, or a recipe to compute (with its cache key). */
-  private chatParts(prompt: ChatPrompt): Array<CachedCount | Job> {
+  /**
+   * Tools first, then each message not already `known`: a cached count, or a recipe to compute
+   * (with its cache key).
+   */
+  private chatParts(prompt: ChatPrompt, known: { messages: number } | null): Array<CachedCount | Job> {
     const parts: Array<CachedCount | Job> = [];
     const offered = prompt.tools ?? [];
     parts.push(offered.length > 0 ? this.lookup('tools', offered, () => this.toolsRecipe(offered)) : { tokens: 0, upperBound: false });
-    // Leading messages whose exact counts are known from this counter (an earlier turn) are not
-    // looked up one by one: turn N's work stays with what turn N added.
-    const known = prompt.known !== undefined && prompt.known.method === this.method ? prompt.known : null;
-    const reuse = known === null ? 0 : Math.min(known.messages, prompt.messages.length, known.prefix.length - 1);
-    for (let i = 0; i < reuse; i++) parts.push({ tokens: known!.prefix[i + 1]! - known!.prefix[i]!, upperBound: false });
-    for (let i = reuse; i < prompt.messages.length; i++) {
+    for (let i = known?.messages ?? 0; i < prompt.messages.length; i++) {
       const message = prompt.messages[i]!;
       parts.push(this.lookup('message', message, () => messageRecipe(message)));
     }
@@ -227,8 +238,11 @@ export class TiktokenCounter implements TokenCounter {
     return this.cache.get(key) ?? { key, recipe: recipe() };
   }
 
-  /** Sums each job's text counts (in order), caches them, and builds the running prefix. */
-  private assemble(parts: Array<CachedCount | Job>, jobs: Job[], counts: PieceCount[]): ChatCount {
+  /**
+   * Sums each job's text counts (in order), caches them, and builds the running prefix: the tools,
+   * then the known messages (their earlier prefix moved onto this request's tools), then the rest.
+   */
+  private assemble(parts: Array<CachedCount | Job>, jobs: Job[], counts: PieceCount[], known: { messages: number; prefix: readonly number[] } | null): ChatCount {
     const computed = new Map<Job, CachedCount>();
     let next = 0;
     for (const job of jobs) {
@@ -244,11 +258,15 @@ export class TiktokenCounter implements TokenCounter {
     }
     let upperBound = false;
     const prefix: number[] = [];
-    for (const part of parts) {
+    parts.forEach((part, i) => {
       const c = 'recipe' in part ? computed.get(part)! : part;
       upperBound ||= c.upperBound;
-      prefix.push((prefix.length > 0 ? prefix[prefix.length - 1] : 0) + c.tokens);
-    }
+      prefix.push((prefix.length > 0 ? prefix[prefix.length - 1]! : 0) + c.tokens);
+      if (i === 0 && known !== null) {
+        const shift = prefix[0]! - known.prefix[0]!;
+        for (let k = 1; k <= known.messages; k++) prefix.push(known.prefix[k]! + shift);
+      }
+    });
     return {
       tokens: prefix[prefix.length - 1] + REPLY_PRIMING,
       prefix,

@@ -92,3 +92,26 @@ t.test("a head's chain is stored back to back when its hashes share a width, and
   }
   t.same(decodeChain('["legacy","json"]'), ['legacy', 'json'], 'heads written before stay readable');
 });
+
+t.test('a head kept in memory is used only while the row still ends on it; another writer wins', async (t) => {
+  const path = tempLedger(t);
+  const a = new SqliteLedger({ path });
+  const b = new SqliteLedger({ path });
+  t.teardown(async () => {
+    await a.close();
+    await b.close();
+  });
+  const head = (chain: string[], time: number, model = 'gpt-4o') => ({
+    conversation: 'c', keyId: 'key-1', tenant: 'acme', model, toolHash: '', chain, prefix: chain.map((_, i) => i * 10).concat(chain.length * 10), lastCostUsd: null, lastPromptTokens: 10, lastOutputTokens: 5, time,
+  });
+  await a.putHead(head(['aaaa', 'bbbb'], 1000));
+  t.same(await a.getHead('c'), head(['aaaa', 'bbbb'], 1000), 'its own write');
+  // Another process on the same file moves the conversation on.
+  await b.putHead(head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'));
+  t.same(await a.getHead('c'), head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'), "the other writer's head, chain and all");
+  await b.putHead(head(['aaaa', 'dddd'], 2000));
+  t.same(await a.getHead('c'), head(['aaaa', 'dddd'], 2000), 'same time, another last hash: read again');
+  await b.putHead({ ...head(['aaaa', 'dddd'], 2000), lastCostUsd: 0.25 });
+  t.equal((await a.getHead('c'))?.lastCostUsd, 0.25, 'the short columns are always read fresh');
+  t.equal(await a.getHead('nope'), null);
+});
