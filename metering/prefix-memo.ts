@@ -22,12 +22,19 @@ export interface PrefixMatch {
   /** Chain hashes of those messages. */
   chain: readonly string[];
   counts: KnownCounts | null;
+  /**
+   * Length of the list the remembered one grew from, if it did: when the remembered list is this
+   * very request's (seen by /v1/admission first, or a retry), the conversation's last settled
+   * request is more likely that one.
+   */
+  earlier: number | null;
   /** The remembered list itself (for `remember`). */
   readonly entry: object;
 }
 
 interface Entry {
   key: string;
+  earlier: number | null;
   messages: readonly ChatMessage[];
   chain: readonly string[];
   counts: KnownCounts | null;
@@ -69,7 +76,7 @@ export class PrefixMemo {
       if (e === undefined || !sameMessages(e.messages, messages)) continue;
       this.entries.delete(e.key);
       this.entries.set(e.key, e);
-      return { length, chain: e.chain, counts: e.counts, entry: e };
+      return { length, chain: e.chain, counts: e.counts, earlier: e.earlier, entry: e };
     }
     return null;
   }
@@ -90,7 +97,9 @@ export class PrefixMemo {
     const same = this.entries.get(key);
     if (same !== undefined) this.drop(same);
     if (bytes > this.maxBytes) return;
-    this.entries.set(key, { key, messages, chain, counts, bytes });
+    // A list seen again keeps the length it first grew from.
+    const earlier = previous === undefined ? null : previous.messages.length < messages.length ? previous.messages.length : previous.earlier;
+    this.entries.set(key, { key, earlier, messages, chain, counts, bytes });
     this.bytes += bytes;
     for (const oldest of this.entries.values()) {
       if (this.bytes <= this.maxBytes) break;

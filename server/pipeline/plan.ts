@@ -104,8 +104,15 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
   const named = header(headers, 'x-tollgate-conversation');
   if (named) return { conversation: named, source: 'header' as const };
   if (chain.length > 0) {
-    // The remembered earlier list is most likely the previous request's: ask for its head first.
-    const likely = remembered === null ? null : await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, [chain[remembered.length - 1]!]);
+    // The remembered earlier list is most likely the previous request's (or the one it grew from):
+    // ask for their heads first, then for any leading part of this one.
+    const likely =
+      remembered === null
+        ? null
+        : await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, [
+            chain[remembered.length - 1]!,
+            ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : []),
+          ]);
     const found = likely ?? (await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain));
     if (found) return { conversation: found, source: 'inferred' as const };
   }
