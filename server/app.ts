@@ -96,7 +96,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     auth: new Authenticator(config, ledger),
     counters: gatewayCounters(config, clock),
     prices: PriceTable.load(config.prices.overrides),
-    prefixMemo: new PrefixMemo(),
+    prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     clock,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,

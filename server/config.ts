@@ -3,6 +3,7 @@
 
 import { readFileSync } from 'node:fs';
 import { Reader, ConfigError } from './config-reader.js';
+import { DEFAULT_PREFIX_MEMO_BYTES } from '../metering/prefix-memo.js';
 
 export type UpstreamKind = 'openai' | 'llamacpp';
 export type Billing = 'local' | 'plan' | 'metered';
@@ -68,7 +69,7 @@ export interface Config {
   prices: { overrides: string | null; unpriced: 'refuse' | 'allow' };
   metrics: { token: string | null };
   logging: { level: string; prompts: boolean };
-  tokenCache: { maxBytes: number; workers: number };
+  tokenCache: { maxBytes: number; workers: number; prefixMemoBytes: number };
 }
 
 export const DEFAULT_LIMITS = Object.freeze({
@@ -207,7 +208,11 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
       level: logging.oneOf('level', ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const, 'info')!,
       prompts: logging.bool('prompts', false)!,
     },
-    tokenCache: { maxBytes: tokenCache.int('maxBytes', 16 * 1024 * 1024, 0, 1 << 30)!, workers: tokenCache.int('workers', 1, 1, 2)! },
+    tokenCache: {
+      maxBytes: tokenCache.int('maxBytes', 16 * 1024 * 1024, 0, 1 << 30)!,
+      workers: tokenCache.int('workers', 1, 1, 2)!,
+      prefixMemoBytes: tokenCache.int('prefixMemoBytes', DEFAULT_PREFIX_MEMO_BYTES, 0, 1 << 30)!,
+    },
   };
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');

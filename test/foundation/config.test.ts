@@ -56,6 +56,9 @@ t.test('defaults', async (t) => {
   t.equal(parseConfig({ upstreams: [upstream({ kind: 'llamacpp' })] }, {}).upstreams[0].billing, 'local', 'a llama.cpp upstream is local by default');
   t.equal(parseConfig({ upstreams: [upstream({ baseUrl: 'http://h:1/v1/' })] }, {}).upstreams[0].baseUrl, 'http://h:1/v1', 'trailing slash dropped');
   t.equal(parseConfig({ upstreams: [upstream()], runs: { maxToolRounds: null } }, {}).runs.maxToolRounds, null, 'null turns a bound off');
+  t.same(c.tokenCache, { maxBytes: 16 * 1024 * 1024, workers: 1, prefixMemoBytes: 32 * 1024 * 1024 });
+  t.equal(parseConfig({ upstreams: [upstream()], tokenCache: { prefixMemoBytes: 0 } }, {}).tokenCache.prefixMemoBytes, 0, '0 turns the prefix memo off');
+  t.throws(() => parseConfig({ upstreams: [upstream()], tokenCache: { prefixMemoBytes: -1 } }, {}), /tokenCache\.prefixMemoBytes/);
 });
 
 t.test('zero-config default: llama.cpp on 127.0.0.1:8080, or OpenAI from the environment', async (t) => {

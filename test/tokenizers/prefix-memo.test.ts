@@ -167,3 +167,20 @@ t.test('through the gateway: a warm turn plans exactly as a cold one (after a re
   t.equal(warm.promptCharge, cold.promptCharge);
   t.equal(warm.run, cold.run);
 });
+
+t.test('tokenCache.prefixMemoBytes sizes the memo; 0 turns it off', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(() => upstream.close());
+  const gw = await startGateway(t, {
+    upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstream.url}/v1`, apiKeyEnv: 'UP_KEY', models: ['gpt-*'] }],
+    tokenCache: { prefixMemoBytes: 0 },
+  }, { env: { UP_KEY: 'sk-up' } });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o-mini', messages: conversation(2), max_tokens: 20 }),
+  });
+  t.equal(res.status, 200);
+  await res.text();
+  t.same(gw.app.gateway.prefixMemo.stats(), { entries: 0, bytes: 0, maxBytes: 0 });
+});
