@@ -13,6 +13,12 @@ const MAX_RESPONSE_BYTES = 256 * 1024 * 1024;
 
 export interface JsonOutcome {
   body: Json;
+  /**
+   * The upstream's own text when the body is passed on unchanged (every turn but a final one):
+   * sent as it came, not re-serialised — faster (an embeddings batch is megabytes of numbers) and
+   * byte for byte what the provider wrote. Null when the gateway changed the body.
+   */
+  raw: string | null;
   usage: Json | null;
   timings: Json | null;
   /** Generated text per choice (content + tool-call names and arguments), to count when usage can't be trusted. */
@@ -68,9 +74,11 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
   const texts = choices.map(choiceText);
   let body = parsed;
+  let raw: string | null = text;
   let toolsProposed = false;
   let empty = false;
   if (plan.mode === 'final-answer') {
+    raw = null;
     const stripped = stripToolCallsFromCompletion(parsed);
     body = stripped.body as Json;
     toolsProposed = stripped.toolsProposed;
@@ -78,6 +86,7 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   }
   return {
     body,
+    raw,
     usage: isObject(parsed.usage) ? parsed.usage : null,
     timings: isObject(parsed.timings) ? parsed.timings : null,
     texts,

@@ -160,7 +160,9 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(200);
-    reply.code(200).headers({ ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) }).send(json.body);
+    reply.code(200).headers({ ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
+    if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
+    else reply.send(json.body);
     return;
   }
 

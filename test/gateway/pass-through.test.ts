@@ -68,3 +68,29 @@ t.test('unknown model is a 404 model_not_found and reaches no upstream', async (
   t.equal(body.error.param, 'model');
   t.equal(upstream.requests.length, 0);
 });
+
+t.test('a non-streamed answer reaches the client byte for byte as the upstream wrote it', async (t) => {
+  const { createServer } = await import('node:http');
+  // Spacing, key order and number forms a re-serialisation would change.
+  const written =
+    '{ "id": "chatcmpl-raw", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",\n' +
+    '  "choices": [ { "index": 0, "message": { "role": "assistant", "content": "hi \\u00e9" }, "finish_reason": "stop" } ],\n' +
+    '  "usage": { "prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11 }, "score": 1.50, "tiny": 1e-7 }';
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(written));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const port = (server.address() as { port: number }).port;
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${port}`)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 20 }),
+  });
+  t.equal(res.status, 200);
+  t.match(res.headers.get('content-type'), /^application\/json/);
+  t.equal(await res.text(), written, 'not re-serialised');
+  t.equal(res.headers.get('x-tollgate-refund-tokens'), '18', 'and still metered from its usage');
+});
