@@ -2,7 +2,9 @@
 // (ADR 0005). Admission locks the rows it checks — run, conversations in id order, tenant month —
 // before reading them, so concurrent admissions on any replica queue on those locks and no
 // read-then-write race can cross a budget. Settlement locks the ledger row first, then the same
-// rows in the same order, so the two never deadlock each other.
+// rows in the same order (the conversation's head before the month), so the two never deadlock
+// each other. The tenant month, which all of a tenant's requests share, is always taken last and
+// held for as few round trips as possible.
 import type pg from 'pg';
 import type { AdmitResult, Reservation } from '../ledger.js';
 import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
@@ -29,22 +31,19 @@ interface ConversationRecord extends MoneyScopeState {
 export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResult> {
   const parent = effectiveParent(r);
   const convIds = parent === null ? [r.conversation] : [r.conversation, parent].sort();
-  // 1. Make sure every row exists (no locks taken on rows that already exist).
+  // 1. Make sure every row exists, in one round trip (no locks taken on rows that already exist).
   await c.query(
-    `INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id
-     ON CONFLICT (id) DO NOTHING`,
-    [convIds, r.tenant],
+    `WITH conv AS (
+       INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id ON CONFLICT (id) DO NOTHING
+     ), run AS (
+       INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
+     )
+     INSERT INTO tenant_months (tenant, month) VALUES ($2, $7) ON CONFLICT DO NOTHING`,
+    [convIds, r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month],
   );
-  await c.query(
-    `INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($1, $2, $3, $4)
-     ON CONFLICT (id) DO NOTHING`,
-    [r.run, r.conversation, r.time, r.runBudgetTokens],
-  );
-  await c.query('INSERT INTO tenant_months (tenant, month) VALUES ($1, $2) ON CONFLICT DO NOTHING', [
-    r.tenant,
-    r.month,
-  ]);
-  // 2. Lock in a fixed order: run, conversations by id, tenant month.
+  // 2. Lock in a fixed order: run, conversations by id, tenant month. The tenant month is the row
+  // every request of a tenant queues on, so it is locked last and held for two round trips only:
+  // the writes (one statement) and the commit.
   const run = await c.query<{ budget_tokens: number | null; used_tokens: number }>(
     'SELECT budget_tokens, used_tokens FROM runs WHERE id = $1 FOR UPDATE',
     [r.run],
@@ -55,13 +54,17 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
      FROM conversations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
     [convIds],
   );
-  const month = await c.query<{ spent_usd: number; reserved_usd: number }>(
-    'SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = $1 AND month = $2 FOR UPDATE',
-    [r.tenant, r.month],
+  // Claim an unowned conversation (a cap set before its first request), as SQLite does even when
+  // the request is refused.
+  await c.query(
+    `UPDATE conversations SET tenant = COALESCE(tenant, $2), parent = COALESCE(parent, $3) WHERE id = $1`,
+    [r.conversation, r.tenant, parent],
   );
-  const tenant = await c.query<{ monthly_budget_usd: number | null }>(
-    'SELECT monthly_budget_usd FROM tenants WHERE id = $1',
-    [r.tenant],
+  const month = await c.query<{ spent_usd: number; reserved_usd: number; monthly_budget_usd: number | null }>(
+    `SELECT m.spent_usd, m.reserved_usd, t.monthly_budget_usd
+     FROM tenant_months m LEFT JOIN tenants t ON t.id = m.tenant
+     WHERE m.tenant = $1 AND m.month = $2 FOR UPDATE OF m`,
+    [r.tenant, r.month],
   );
   const byId = new Map(convs.rows.map((x) => [x.id, x]));
   const own = byId.get(r.conversation);
@@ -71,30 +74,31 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     usedTokens: run.rows[0].used_tokens,
     conversation: own,
     parent: parent === null ? null : (byId.get(parent) ?? null),
-    monthlyBudgetUsd: tenant.rows[0]?.monthly_budget_usd ?? null,
+    monthlyBudgetUsd: month.rows[0].monthly_budget_usd ?? null,
     month: { spentUsd: month.rows[0].spent_usd, reservedUsd: month.rows[0].reserved_usd },
   });
-  // 3. Claim an unowned conversation (a cap set before its first request), as SQLite does
-  // even when the request is refused; then, if admitted, reserve.
-  await c.query(
-    `UPDATE conversations SET tenant = COALESCE(tenant, $2), parent = COALESCE(parent, $3) WHERE id = $1`,
-    [r.conversation, r.tenant, parent],
-  );
   if (!verdict.ok) return verdict;
 
+  // 3. Reserve: the row, the run's tokens, the money — one statement (every row it writes is
+  // already locked above, so the order inside it does not matter).
   const cols = reservationColumns(r, parent);
-  await c.query(INSERT_ROW, RESERVATION_COLUMNS.map((k) => cols[k]));
-  await c.query('UPDATE runs SET used_tokens = used_tokens + $2 WHERE id = $1', [r.run, reservedTokens(r)]);
-  if (r.worstCaseUsd !== null) {
-    await c.query('UPDATE conversations SET reserved_usd = reserved_usd + $2 WHERE id = ANY($1::text[])', [
-      convIds,
-      r.worstCaseUsd,
-    ]);
-    await c.query(
-      'UPDATE tenant_months SET reserved_usd = reserved_usd + $3 WHERE tenant = $1 AND month = $2',
-      [r.tenant, r.month, r.worstCaseUsd],
-    );
-  }
+  const n = RESERVATION_COLUMNS.length;
+  const money =
+    r.worstCaseUsd === null
+      ? ''
+      : `, conv AS (UPDATE conversations SET reserved_usd = reserved_usd + $${n + 3}::double precision WHERE id = ANY($${n + 4}::text[]))
+         , mon AS (UPDATE tenant_months SET reserved_usd = reserved_usd + $${n + 3}::double precision WHERE tenant = $${n + 5} AND month = $${n + 6})`;
+  await c.query(
+    `WITH ins AS (${INSERT_ROW})
+     , run AS (UPDATE runs SET used_tokens = used_tokens + $${n + 1}::bigint WHERE id = $${n + 2})${money}
+     SELECT 1`,
+    [
+      ...RESERVATION_COLUMNS.map((k) => cols[k]),
+      reservedTokens(r),
+      r.run,
+      ...(r.worstCaseUsd === null ? [] : [r.worstCaseUsd, convIds, r.tenant, r.month]),
+    ],
+  );
   return { ok: true };
 }
 
@@ -102,6 +106,8 @@ export async function settleLocked(
   c: Client,
   id: string,
   build: (row: OpenRow) => SettleValues,
+  /** More writes in the same transaction (the conversation's head), before the month is locked. */
+  alsoWrite?: () => Promise<void>,
 ): Promise<boolean> {
   const found = await c.query<OpenRow>(
     `SELECT state, run, conversation, parent, tenant, month, model, prompt_charge, allowance,
@@ -137,13 +143,16 @@ export async function settleLocked(
        spent_usd = conversation_models.spent_usd + excluded.spent_usd`,
     [row.conversation, row.model, cost],
   );
+  const cols = settlementColumns(v, (b) => b);
+  await c.query(SETTLE_ROW, [id, ...SETTLEMENT_COLUMNS.map((k) => cols[k])]);
+  if (alsoWrite) await alsoWrite();
+  // The tenant month last: every request of the tenant queues on it, so it is held only for this
+  // statement and the commit.
   await c.query(
     `INSERT INTO tenant_months (tenant, month, spent_usd) VALUES ($1, $2, $4)
      ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = tenant_months.reserved_usd - $3,
        spent_usd = tenant_months.spent_usd + $4`,
     [row.tenant, row.month, w, cost],
   );
-  const cols = settlementColumns(v, (b) => b);
-  await c.query(SETTLE_ROW, [id, ...SETTLEMENT_COLUMNS.map((k) => cols[k])]);
   return true;
 }

@@ -103,8 +103,10 @@ export class PostgresLedger implements Ledger {
 
   async settle(id: string, s: Settlement, head?: ConversationHead): Promise<void> {
     await this.tx(async (c) => {
-      const settled = await settleLocked(c, id, (row) => fromSettlement(row, s));
-      if (head) await upsertHead(c, head);
+      const write = head ? () => upsertHead(c, head) : undefined;
+      const settled = await settleLocked(c, id, (row) => fromSettlement(row, s), write);
+      // A row already settled (recovered, say) still moves the conversation's head on, as on SQLite.
+      if (!settled && write) await write();
       return settled;
     });
   }
