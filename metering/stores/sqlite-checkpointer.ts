@@ -52,7 +52,10 @@ parentPort.on('message', (m) => {
 export interface CheckpointerStats {
   /** Checkpoints the worker has completed. */
   checkpoints: number;
-  /** WAL frames it has copied into the database file (cumulative, as SQLite reports them). */
+  /**
+   * Sum of the frames each checkpoint reported as copied: a frame still in the WAL at the next
+   * checkpoint is counted again, so this measures work seen, not distinct pages.
+   */
   framesCheckpointed: number;
   running: boolean;
   /** The last error from the worker, if it failed (the gateway's connection then checkpoints). */
