@@ -87,7 +87,8 @@ interface Target {
 }
 
 type Mode = 'json' | 'stream';
-const MODES: Mode[] = ['json', 'stream'];
+// BENCH_MODES: json, stream or both (default).
+const MODES: Mode[] = (process.env.BENCH_MODES ?? 'json,stream').split(',').map((m) => m.trim()).filter((m): m is Mode => m === 'json' || m === 'stream');
 const DIRECT = 'upstream direct';
 const BARE = 'bare proxy';
 
