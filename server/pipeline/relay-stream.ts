@@ -61,6 +61,15 @@ export async function relayStream(
   // only proposes tools can still be answered with the excerpt and its header (SPEC §5).
   let pending: string[] | null = filter ? [] : null;
   let started = false;
+  // While one upstream read is handled, what it produces is gathered into one string and written
+  // once: every `res.write` is a chunk of its own (size line, data, CRLF) and a part of the socket
+  // write, and per-event writes were the largest cost of relaying a stream (bench/RESULTS.md).
+  let gathering = false;
+  let gathered = '';
+  const send = (text: string) => {
+    if (gathering) gathered += text;
+    else res.write(text);
+  };
   const write = (text: string) => {
     if (pending !== null && !out.visibleText) {
       pending.push(text);
@@ -75,10 +84,10 @@ export async function relayStream(
       startHead();
     }
     if (pending !== null) {
-      for (const held of pending) res.write(held);
+      for (const held of pending) send(held);
       pending = null;
     }
-    res.write(text);
+    send(text);
   };
   const lengthChunk = (index: number): Json => ({
     ...out.meta,
@@ -150,15 +159,15 @@ export async function relayStream(
   const parser = new SseParser();
   try {
     reading: for await (const piece of upstream.body) {
-      // One socket write per upstream read, not one per event: each write is a syscall, and
-      // per-event writes were the largest cost of relaying a stream (bench/RESULTS.md).
-      res.cork();
+      gathering = true;
       try {
         for (const event of parser.push(piece as Uint8Array)) {
           if (!handle(event)) break reading;
         }
       } finally {
-        res.uncork();
+        gathering = false;
+        if (gathered.length > 0 && !res.destroyed && !res.writableEnded) res.write(gathered);
+        gathered = '';
       }
       if (out.clientGone) break;
     }
