@@ -78,6 +78,12 @@ export interface Settlement {
   finishedAt: number;
 }
 
+/** A tenant's month right after a settlement, read in its transaction (for the budget-near notice). */
+export interface MonthAfterSettle {
+  spentUsd: number;
+  monthlyBudgetUsd: number | null;
+}
+
 /** Conversation state kept to charge and infer the next request (shared by replicas). */
 export interface ConversationHead {
   conversation: string;
@@ -184,8 +190,11 @@ export interface Ledger {
 
   // Admission and settlement — each one atomic.
   admit(r: Reservation): Promise<AdmitResult>;
-  /** Settles a reservation; with `head`, records the conversation's new head in the same commit. */
-  settle(id: string, s: Settlement, head?: ConversationHead): Promise<void>;
+  /**
+   * Settles a reservation; with `head`, records the conversation's new head in the same commit.
+   * Returns the tenant's month as the settlement left it (null when the row was already settled).
+   */
+  settle(id: string, s: Settlement, head?: ConversationHead): Promise<MonthAfterSettle | null>;
 
   // Conversation state.
   getHead(conversation: string): Promise<ConversationHead | null>;

@@ -6,7 +6,7 @@
 // each other. The tenant month, which all of a tenant's requests share, is always taken last and
 // held for as few round trips as possible.
 import type pg from 'pg';
-import type { AdmitResult, Reservation } from '../ledger.js';
+import type { AdmitResult, MonthAfterSettle, Reservation } from '../ledger.js';
 import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
   RESERVATION_COLUMNS,
@@ -108,14 +108,14 @@ export async function settleLocked(
   build: (row: OpenRow) => SettleValues,
   /** More writes in the same transaction (the conversation's head), before the month is locked. */
   alsoWrite?: () => Promise<void>,
-): Promise<boolean> {
+): Promise<MonthAfterSettle | null> {
   const found = await c.query<OpenRow>(
     `SELECT state, run, conversation, parent, tenant, month, model, prompt_charge, allowance,
        reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
     [id],
   );
   const row = found.rows[0];
-  if (!row || row.state !== 'reserved') return false;
+  if (!row || row.state !== 'reserved') return null;
   const v = build(row);
   const w = row.worst_case_usd ?? 0;
   const cost = v.costUsd ?? 0;
@@ -147,12 +147,13 @@ export async function settleLocked(
   await c.query(SETTLE_ROW, [id, ...SETTLEMENT_COLUMNS.map((k) => cols[k])]);
   if (alsoWrite) await alsoWrite();
   // The tenant month last: every request of the tenant queues on it, so it is held only for this
-  // statement and the commit.
-  await c.query(
+  // statement and the commit. It reports the month as this settlement leaves it.
+  const month = await c.query<{ spent_usd: number; monthly_budget_usd: number | null }>(
     `INSERT INTO tenant_months (tenant, month, spent_usd) VALUES ($1, $2, $4)
      ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = tenant_months.reserved_usd - $3,
-       spent_usd = tenant_months.spent_usd + $4`,
+       spent_usd = tenant_months.spent_usd + $4
+     RETURNING spent_usd, (SELECT monthly_budget_usd FROM tenants WHERE id = $1) AS monthly_budget_usd`,
     [row.tenant, row.month, w, cost],
   );
-  return true;
+  return { spentUsd: month.rows[0]!.spent_usd, monthlyBudgetUsd: month.rows[0]!.monthly_budget_usd ?? null };
 }

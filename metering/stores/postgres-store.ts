@@ -9,6 +9,7 @@ import type {
   KeyRecord,
   Ledger,
   LedgerRow,
+  MonthAfterSettle,
   Reservation,
   RunState,
   Settlement,
@@ -101,8 +102,8 @@ export class PostgresLedger implements Ledger {
     return this.tx((c) => admitLocked(c, r));
   }
 
-  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<void> {
-    await this.tx(async (c) => {
+  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<MonthAfterSettle | null> {
+    return this.tx(async (c) => {
       const write = head ? () => upsertHead(c, head) : undefined;
       const settled = await settleLocked(c, id, (row) => fromSettlement(row, s), write);
       // A row already settled (recovered, say) still moves the conversation's head on, as on SQLite.

@@ -40,7 +40,7 @@ export function prepareSqlite(db: Database.Database) {
     getMonth: s('SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = ? AND month = ?'),
     addMonthReserved: s('UPDATE tenant_months SET reserved_usd = reserved_usd + ? WHERE tenant = ? AND month = ?'),
     settleMonth: s(`UPDATE tenant_months SET reserved_usd = reserved_usd - @release,
-      spent_usd = spent_usd + @cost WHERE tenant = @tenant AND month = @month`),
+      spent_usd = spent_usd + @cost WHERE tenant = @tenant AND month = @month RETURNING spent_usd`),
     claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
 
     getTenant: s('SELECT id, monthly_budget_usd FROM tenants WHERE id = ?'),

@@ -10,6 +10,7 @@ import type {
   KeyRecord,
   Ledger,
   LedgerRow,
+  MonthAfterSettle,
   Reservation,
   RunState,
   Settlement,
@@ -115,7 +116,7 @@ export class SqliteLedger implements Ledger {
   private readonly db: Database.Database;
   private readonly q: SqliteStatements;
   private readonly admitTx: (r: Reservation) => AdmitResult;
-  private readonly settleTx: (id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead) => boolean;
+  private readonly settleTx: (id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead) => MonthAfterSettle | null;
   private readonly batchTx: (ops: Array<() => unknown>) => unknown[];
   /** Admissions and settlements waiting for the next group commit. */
   private pending: Pending[] = [];
@@ -210,9 +211,9 @@ export class SqliteLedger implements Ledger {
     return this.grouped(() => this.admitLocked(r), () => this.admitTx(r));
   }
 
-  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<void> {
+  async settle(id: string, s: Settlement, head?: ConversationHead): Promise<MonthAfterSettle | null> {
     const build = (row: OpenRow) => fromSettlement(row, s);
-    await this.grouped(() => this.settleAndHead(id, build, head), () => this.settleTx(id, build, head));
+    return this.grouped(() => this.settleAndHead(id, build, head), () => this.settleTx(id, build, head));
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
@@ -266,16 +267,16 @@ export class SqliteLedger implements Ledger {
     return { ok: true };
   }
 
-  private settleAndHead(id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead): boolean {
+  private settleAndHead(id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead): MonthAfterSettle | null {
     const settled = this.settleLocked(id, build);
     if (head) this.writeHead(head);
     return settled;
   }
 
-  /** Settles one open row; false when it was already settled (settling twice is a no-op). */
-  private settleLocked(id: string, build: (row: OpenRow) => SettleValues): boolean {
+  /** Settles one open row; null when it was already settled (settling twice is a no-op). */
+  private settleLocked(id: string, build: (row: OpenRow) => SettleValues): MonthAfterSettle | null {
     const row = this.q.getOpenRow.get(id) as OpenRow | undefined;
-    if (!row || row.state !== 'reserved') return false;
+    if (!row || row.state !== 'reserved') return null;
     const v = build(row);
     const w = row.worst_case_usd ?? 0;
     const cost = v.costUsd ?? 0;
@@ -291,9 +292,10 @@ export class SqliteLedger implements Ledger {
     this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
     if (row.parent !== null) this.q.settleParent.run({ id: row.parent, release: w, cost });
     this.q.ensureMonth.run(row.tenant, row.month);
-    this.q.settleMonth.run({ tenant: row.tenant, month: row.month, release: w, cost });
+    const month = this.q.settleMonth.get({ tenant: row.tenant, month: row.month, release: w, cost }) as { spent_usd: number };
     this.q.settleRow.run({ id, ...settlementColumns(v, (b) => (b ? 1 : 0)) });
-    return true;
+    const tenant = this.q.getTenant.get(row.tenant) as { monthly_budget_usd: number | null } | undefined;
+    return { spentUsd: month.spent_usd, monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null };
   }
 
   async getHead(conversation: string): Promise<ConversationHead | null> {

@@ -120,7 +120,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
           time: plan.time,
         }
       : undefined;
-  await gw.ledger.settle(plan.id, settlement, head);
+  const month = await gw.ledger.settle(plan.id, settlement, head);
 
   const notices: string[] = [];
   const m = gw.metrics;
@@ -131,16 +131,12 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);
   if (evaluated !== null && !o.refundAll) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);
 
-  if (succeeded && cost.costUsd) {
-    // The 80 % notice: the first response that finds the month at or past 80 % claims it in the
-    // store, once per tenant per month, so concurrent requests and replicas agree.
-    const budget = (await gw.ledger.getTenant(plan.principal.tenant))?.monthlyBudgetUsd ?? null;
-    if (budget !== null) {
-      const { spentUsd } = await gw.ledger.tenantMonth(plan.principal.tenant, plan.month);
-      if (spentUsd >= budget * BUDGET_NEAR_SHARE && (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month))) {
-        notices.push(BUDGET_NEAR_NOTICE);
-      }
-    }
+  // The 80 % notice: the first settlement that leaves the month at or past 80 % of the budget (the
+  // figures come from its own transaction) claims it in the store, once per tenant per month, so
+  // concurrent requests and replicas agree.
+  const budget = month?.monthlyBudgetUsd ?? null;
+  if (succeeded && cost.costUsd && month !== null && budget !== null && month.spentUsd >= budget * BUDGET_NEAR_SHARE) {
+    if (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month)) notices.push(BUDGET_NEAR_NOTICE);
   }
   // What the client is told a turn cost: a plan turn spends no money, but with no list price its
   // value is unknown, and unknown is said as null (header absent), never as a made-up 0.
