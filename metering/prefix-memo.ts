@@ -118,13 +118,13 @@ export class PrefixMemo {
   }
 }
 
-/** True when `remembered` equals the leading messages of `messages`, the last one compared first. */
+/**
+ * True when `remembered` equals the leading messages of `messages`. The last one is not compared:
+ * the list was found by its digest, which is the same canonical form the chain itself relies on.
+ */
 function sameMessages(remembered: readonly ChatMessage[], messages: readonly ChatMessage[]): boolean {
-  const n = remembered.length;
-  if (n === 0) return false;
-  if (!canonicalEqual(remembered[n - 1], messages[n - 1])) return false;
-  for (let i = 0; i < n - 1; i++) if (!canonicalEqual(remembered[i], messages[i])) return false;
-  return true;
+  for (let i = 0; i < remembered.length - 1; i++) if (!canonicalEqual(remembered[i], messages[i])) return false;
+  return remembered.length > 0;
 }
 
 function absent(v: unknown): boolean {
