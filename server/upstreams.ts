@@ -25,7 +25,7 @@ export function globToRegExp(glob: string): RegExp {
 
 export class UpstreamRegistry {
   readonly list: Upstream[];
-  private readonly matchers: Array<{ pattern: string; re: RegExp; exact: boolean; upstream: Upstream }>;
+  private readonly matchers: Array<{ pattern: string; re: RegExp; exact: boolean; literal: number; upstream: Upstream }>;
 
   constructor(config: Config, env: NodeJS.ProcessEnv = process.env, dispatcherFor?: (u: UpstreamConfig) => Dispatcher) {
     this.list = config.upstreams.map((u) => {
@@ -47,15 +47,17 @@ export class UpstreamRegistry {
         apiKey: u.apiKeyEnv ? (env[u.apiKeyEnv] ?? null) : null,
       };
     });
-    // Exact names win over patterns; otherwise the first upstream in config order wins.
-    this.matchers = this.list.flatMap((upstream) =>
-      upstream.config.models.map((m) => ({ pattern: m, re: globToRegExp(m), exact: !/[*?]/.test(m), upstream })),
+    // The most specific entry wins: an exact name, then the pattern with the most literal
+    // characters (`gpt-4o*` over `gpt-*` over `*`), then config order. So a catch-all `*` upstream
+    // can sit anywhere in the list, as in SPEC §8's example, without taking `gpt-*` from another.
+    const matchers = this.list.flatMap((upstream) =>
+      upstream.config.models.map((m) => ({ pattern: m, re: globToRegExp(m), exact: !/[*?]/.test(m), literal: m.replace(/[*?]/g, '').length, upstream })),
     );
+    // Array.prototype.sort is stable: equal specificity keeps config order.
+    this.matchers = matchers.sort((a, b) => Number(b.exact) - Number(a.exact) || b.literal - a.literal);
   }
 
   route(model: string): Upstream | null {
-    const exact = this.matchers.find((m) => m.exact && m.re.test(model));
-    if (exact) return exact.upstream;
     return this.matchers.find((m) => m.re.test(model))?.upstream ?? null;
   }
 
