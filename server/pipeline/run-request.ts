@@ -182,6 +182,9 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}));
   upstreamMs = performance.now() - tForward;
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
+  // An upstream that failed before any output refunds the whole reservation, as a failure before
+  // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
+  const failedBeforeOutput = streamed.upstreamLost && meter.total() === 0;
   outcome = {
     status: streamed.clientGone ? 499 : 200,
     countedOutput: meter.total(),
@@ -190,7 +193,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     usage: streamed.cut ? null : streamed.usage,
     timings: streamed.timings,
     fallback,
-    refundAll: false,
+    refundAll: failedBeforeOutput,
   };
   settled = await settle(gw, plan, outcome);
   if (!raw.destroyed) {

@@ -156,6 +156,27 @@ t.test('OpenAI upstream lost mid-stream: clean end for the client, charged promp
   t.equal(row.refund_tokens, 26);
 });
 
+t.test('upstream lost before any output (the role chunk only): the whole reservation refunded', async (t) => {
+  const { gw } = await gatewayWith(t, { completionTokens: 30, dropAfterChunks: 0 });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'fail at once' }], max_tokens: 30, stream: true }),
+  });
+  t.equal(res.status, 200, 'the stream had started');
+  const reserved = Number(res.headers.get('x-tollgate-reserved-tokens'));
+  const text = await res.text();
+  t.notMatch(text, /"content":"[^"]+"/, 'no text came');
+  const trailer = JSON.parse(/^: tollgate (.*)$/m.exec(text)![1]) as { charge_tokens: number; refund_tokens: number; cost_usd: number };
+  t.same(trailer, { charge_tokens: 0, refund_tokens: reserved, cost_usd: 0 });
+  const row = await settledRow(gw);
+  t.equal(row.generated_tokens, 0);
+  t.equal(row.charge_tokens, 0, 'the prompt is not charged: the model produced nothing');
+  t.equal(row.refund_tokens, row.reserved_tokens);
+  t.equal(row.reserved_tokens, reserved);
+  t.equal(row.cost_usd, 0);
+});
+
 t.test('llama.cpp upstream lost mid-stream: clean end, trailer with the settled figures', async (t) => {
   const llama = await startLlamaCppDouble({ completionTokens: 20, dropMidStream: 4, delayMs: 1 });
   t.teardown(llama.close);
