@@ -83,7 +83,9 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
         usage: {
           inputTokens: plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1 ? plan.rows.sumTokens : (f.promptTokens ?? plan.rows.sumTokens),
           cachedTokens: f.cachedTokens,
-          outputTokens: tokens.generated,
+          // What the provider really generated, even past the allowance (an upstream that ignored
+          // max_tokens bills it all); the run's token charge stays within what was reserved.
+          outputTokens: rawGenerated,
         },
         providerCostUsd: providerCost,
       });

@@ -123,6 +123,29 @@ t.test('200 concurrent requests against a budget that fits exactly K', async (t)
   }
 });
 
+t.test('a non-streamed answer past max_tokens: the token charge stays within the reservation, the money is what was generated', async (t) => {
+  const greedy = await startOpenAiDouble({ completionTokens: 20, ignoreMaxTokens: true });
+  const honest = await startOpenAiDouble({ completionTokens: 20 });
+  t.teardown(greedy.close);
+  t.teardown(honest.close);
+  const ask = async (url: string, maxTokens: number) => {
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(url)] });
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', max_tokens: maxTokens, messages: [{ role: 'user', content: 'Talk on.' }] }),
+    });
+    const body = (await res.json()) as { usage: { completion_tokens: number } };
+    return { usage: body.usage, charge: Number(res.headers.get('x-tollgate-charge-tokens')), reserved: Number(res.headers.get('x-tollgate-reserved-tokens')), cost: Number(res.headers.get('x-tollgate-cost-usd')) };
+  };
+  const over = await ask(greedy.url, 4);
+  const fair = await ask(honest.url, 20);
+  t.equal(over.usage.completion_tokens, 20, 'the upstream generated 20 tokens against an allowance of 4');
+  t.equal(over.charge, over.reserved, 'the run is charged no more than was reserved');
+  t.ok(over.cost > 0);
+  t.equal(over.cost, fair.cost, 'the money is the price of the 20 tokens generated, as for an upstream asked for 20');
+});
+
 t.test('a stream from an upstream that ignores max_tokens is cut at the allowance', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 40, ignoreMaxTokens: true });
   t.teardown(upstream.close);
