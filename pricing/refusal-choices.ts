@@ -81,6 +81,10 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
       spent_usd: roundUsd(spentUsd),
       limit_usd: roundUsd(limitUsd),
       needed_usd: roundUsd(neededUsd),
+      // The same figures under the names SPEC §6 gives them: spent, cap (or budget), needed — USD.
+      spent: roundUsd(spentUsd),
+      [scope === 'monthly' ? 'budget' : 'cap']: roundUsd(limitUsd),
+      needed: roundUsd(neededUsd),
       choices: refusalChoices(input),
     },
   };

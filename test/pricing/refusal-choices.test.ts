@@ -14,6 +14,9 @@ t.test('conversation_cap_reached: exact figures, numbers in details, three choic
     spent_usd: 1.84,
     limit_usd: 2,
     needed_usd: 0.31,
+    spent: 1.84,
+    cap: 2,
+    needed: 0.31,
     choices: { raise_to_usd: 4, cheaper_models: cheaper, stop: true },
   });
 });
@@ -30,6 +33,8 @@ t.test('monthly_budget_reached: half again, on the ladder', async (t) => {
   t.equal(r.code, 'monthly_budget_reached');
   t.equal(r.message, 'monthly budget reached: spent $29.50 of $30.00 this month, this request needs up to $1.20');
   t.same(r.details.choices, { raise_to_usd: 45, cheaper_models: [], stop: true });
+  // SPEC §6 names the monthly figures spent, budget, needed.
+  t.same([r.details.spent, r.details.budget, r.details.needed, r.details.cap], [29.5, 30, 1.2, undefined]);
 });
 
 t.test('a request larger than the whole limit says so, and the raise offered admits it', async (t) => {
