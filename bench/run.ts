@@ -8,7 +8,8 @@
 //      (the issue's figures) and at 1 connection (latency without queueing, for context).
 //   3. The same comparison in front of a model-like upstream (BENCH_MODEL_DELAY_MS, default 25).
 //   4. Counting benchmarks run in this process: a 100-turn conversation, pathological inputs.
-// Prints markdown (paste into bench/RESULTS.md). BENCH_PARTS selects parts; BENCH_ROUNDS and
+//   5. The SQLite ledger alone as it grows (bench/store.ts): CPU per admission + settlement.
+// Prints markdown (paste into bench/RESULTS.md). BENCH_PARTS selects parts (proxy, model, counting, store); BENCH_ROUNDS and
 // BENCH_SCALE shrink or grow the run; BENCH_CPU_PROF=<dir> profiles the SQLite NORMAL gateway.
 
 import { fork, type ChildProcess } from 'node:child_process';
@@ -20,6 +21,7 @@ import { runLoad } from './cannon.js';
 import { chatBody } from './workload.js';
 import { percentile, median, mean, fmt, table } from './stats.js';
 import { conversationBench, pathologicalBench } from './counting.js';
+import { storeBench } from './store.js';
 import type { Role } from './serve.js';
 
 const ROUNDS = Math.max(1, Number(process.env.BENCH_ROUNDS ?? 5));
@@ -304,6 +306,22 @@ async function countingBench(out: string[]): Promise<void> {
   out.push('');
 }
 
+/** The SQLite ledger alone: CPU per request as it grows, for the gateway's ids and random ones. */
+async function storePart(out: string[]): Promise<void> {
+  process.stderr.write('ledger alone…\n');
+  const slice = Math.max(1000, Math.round(10_000 * SCALE));
+  const rows = await storeBench(4, slice);
+  out.push(`## The SQLite ledger alone as it grows (admission + settlement with the new head, ${slice.toLocaleString('en')} requests a slice, 16 in flight)`);
+  out.push('');
+  out.push(
+    table(
+      ['ids', ...rows[0]!.cpuMicros.map((_, i) => `CPU µs / request, rows ${(i * slice).toLocaleString('en')}–${((i + 1) * slice).toLocaleString('en')}`)],
+      rows.map((r) => [r.ids, ...r.cpuMicros.map((c) => fmt(c, 0))]),
+    ),
+  );
+  out.push('');
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const out: string[] = [];
@@ -317,14 +335,15 @@ async function main(): Promise<void> {
   );
   out.push('');
 
-  // BENCH_PARTS: a comma list of proxy, model, counting (default: all).
-  const parts = new Set((process.env.BENCH_PARTS ?? 'proxy,model,counting').split(',').map((p) => p.trim()));
+  // BENCH_PARTS: a comma list of proxy, model, counting, store (default: all).
+  const parts = new Set((process.env.BENCH_PARTS ?? 'proxy,model,counting,store').split(',').map((p) => p.trim()));
   if (parts.has('proxy')) await proxyBench(out);
   if (parts.has('model')) {
     process.stderr.write('model-like upstream…\n');
     await modelLike(out, Number(process.env.BENCH_MODEL_DELAY_MS ?? 25));
   }
   if (parts.has('counting')) await countingBench(out);
+  if (parts.has('store')) await storePart(out);
   out.push(`Whole run: ${fmt((performance.now() - started) / 1000, 0)} s.`);
   process.stdout.write(`${out.join('\n')}\n`);
 }

@@ -2,7 +2,6 @@
 // shared prefix and charge, the allowance, the worst-case cost and the mode. Calls no model; a
 // llama.cpp upstream may be asked to tokenize. Used by the real request and by /v1/admission alike.
 
-import { randomUUID } from 'node:crypto';
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
@@ -17,6 +16,7 @@ import { inspectRun, chainHashes, runKey, type RunInspection } from '../../meter
 import { decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
 import { sha256Hex, canonicalJson } from '../../metering/canonical-json.js';
+import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
@@ -116,7 +116,7 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
     const found = likely ?? (await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain));
     if (found) return { conversation: found, source: 'inferred' as const };
   }
-  return { conversation: `conv-${randomUUID()}`, source: 'new' as const };
+  return { conversation: `conv-${uuidV7()}`, source: 'new' as const };
 }
 
 /** The size figures of a plan, as /v1/admission shows them (also for a request refused for size). */
@@ -185,7 +185,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       throw new GatewayError('invalid_request', `conversation "${named}" belongs to another tenant: choose another id`, {}, named === parent ? 'x-tollgate-parent' : 'x-tollgate-conversation');
     }
   }
-  const run = messages ? sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32) : `req-${randomUUID()}`;
+  // A run's id starts with its conversation's, so a conversation's runs sit together in the
+  // ledger's index (and a new conversation's id grows with time: ADR 0015).
+  const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
   const runState = messages ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const merged = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
@@ -268,7 +270,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: rows.sumTokens, allowance: rows.allowance }) : null;
 
   return {
-    id: `req-${randomUUID()}`,
+    id: `req-${uuidV7()}`,
     time,
     valid,
     principal,

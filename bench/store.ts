@@ -1,0 +1,126 @@
+// The SQLite ledger alone, as the ledger grows: CPU per request (one admission, one settlement
+// with the conversation's new head) over successive slices of 10,000 requests, 16 in flight, a
+// fresh ledger file per id scheme. The gateway's ids (time-ordered: ADR 0015) beside the random
+// UUIDs it used before, so the effect of key order on the commit stays measured.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createHash, randomUUID } from 'node:crypto';
+import { SqliteLedger } from '../metering/stores/sqlite-store.js';
+import type { Reservation, Settlement } from '../metering/ledger.js';
+import { uuidV7 } from '../metering/ids.js';
+
+export interface StoreBenchRow {
+  ids: string;
+  /** CPU µs per request in each slice of `slice` requests. */
+  cpuMicros: number[];
+}
+
+const IN_FLIGHT = 16;
+const hash22 = (s: string) => createHash('sha256').update(s).digest('base64url').slice(0, 22);
+
+type Ids = { request: () => string; conversation: () => string; run: (conversation: string) => string };
+
+const SCHEMES: Array<[string, Ids]> = [
+  [
+    'time-ordered (the gateway now)',
+    { request: () => `req-${uuidV7()}`, conversation: () => `conv-${uuidV7()}`, run: (c) => `${c}/${createHash('sha256').update(c).digest('hex').slice(0, 32)}` },
+  ],
+  [
+    'random UUIDs (before ADR 0015)',
+    { request: () => `req-${randomUUID()}`, conversation: () => `conv-${randomUUID()}`, run: (c) => createHash('sha256').update(c).digest('hex').slice(0, 32) },
+  ],
+];
+
+function reservation(ids: Ids, time: number): Reservation {
+  const conversation = ids.conversation();
+  return {
+    id: ids.request(),
+    time,
+    tenant: 'bench',
+    keyId: 'key-bench',
+    conversation,
+    parent: null,
+    run: ids.run(conversation),
+    model: 'gpt-4o-mini',
+    upstream: 'openai',
+    endpoint: '/v1/chat/completions',
+    mode: 'normal',
+    finalReason: null,
+    rows: 1,
+    promptTokens: 240,
+    countMethod: 'tiktoken:o200k_base',
+    sharedPrefixTokens: 0,
+    promptCharge: 240,
+    allowance: 256,
+    runBudgetTokens: 65_536,
+    worstCaseUsd: 0.0002,
+    month: '2026-11',
+  };
+}
+
+function settlement(r: Reservation): Settlement {
+  return {
+    status: 200,
+    generatedTokens: 128,
+    outputMethod: 'provider',
+    chargeTokens: r.promptCharge + 128,
+    refundTokens: r.allowance - 128,
+    costUsd: 0.0001,
+    savedUsd: null,
+    planWorkUsd: null,
+    billing: 'metered',
+    upstreamFigures: { promptTokens: 240, completionTokens: 128, cachedTokens: 0, promptN: null, cacheN: null },
+    fallback: false,
+    finishedAt: r.time + 30,
+  };
+}
+
+async function oneScheme(ids: Ids, slices: number, slice: number): Promise<number[]> {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-store-bench-'));
+  const ledger = new SqliteLedger({ path: join(dir, 'ledger.db'), synchronous: 'NORMAL' });
+  const out: number[] = [];
+  try {
+    const request = async () => {
+      const r = reservation(ids, Date.now());
+      await ledger.admit(r);
+      // The upstream's turn: the settlement comes in a later turn of the event loop.
+      await new Promise((resolve) => setImmediate(resolve));
+      const chain = ['system', 'user-1', 'assistant-1', r.id].map(hash22);
+      await ledger.settle(r.id, settlement(r), {
+        conversation: r.conversation,
+        keyId: r.keyId,
+        tenant: r.tenant,
+        model: r.model,
+        toolHash: '',
+        chain,
+        prefix: [0, 60, 120, 200, 240],
+        lastCostUsd: 0.0001,
+        lastPromptTokens: 240,
+        lastOutputTokens: 128,
+        time: r.time,
+      });
+    };
+    for (let s = 0; s < slices; s++) {
+      const before = process.cpuUsage();
+      await Promise.all(
+        Array.from({ length: IN_FLIGHT }, async () => {
+          for (let i = 0; i < slice / IN_FLIGHT; i++) await request();
+        }),
+      );
+      const used = process.cpuUsage(before);
+      out.push((used.user + used.system) / slice);
+    }
+  } finally {
+    await ledger.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return out;
+}
+
+export async function storeBench(slices = 4, slice = 10_000): Promise<StoreBenchRow[]> {
+  const rows: StoreBenchRow[] = [];
+  for (const [name, ids] of SCHEMES) rows.push({ ids: name, cpuMicros: await oneScheme(ids, slices, slice) });
+  return rows;
+}
