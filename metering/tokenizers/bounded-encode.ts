@@ -1,11 +1,13 @@
 // tiktoken encoders, one per encoding for the life of the process, and a counting function whose
 // time stays linear in the input.
 //
-// Why the split: tiktoken's BPE is quadratic in the length of one pre-token, and a run without
-// whitespace is one pre-token (measured: 40,000 repeated characters ≈ 1.9 s in o200k_base; the time
-// quadruples per doubling). Cutting such runs into pieces of at most MAX_PIECE characters bounds
-// the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum is an
-// upper bound on the true count, and the caller labels it so (SPEC §2, §3).
+// Why the split: tiktoken's BPE is quadratic in the length of one pre-token, and a run of one kind
+// of character is one pre-token (measured: 40,000 repeated characters ≈ 1.9 s in o200k_base; the
+// time quadruples per doubling), and even linear work is slow on dense text. Long runs made of
+// short pre-tokens (URLs, minified JSON, base64), up to EXACT_RUN_BUDGET characters, are encoded
+// whole and exactly. Other long runs are cut into pieces of at most MAX_PIECE characters, which
+// bounds the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum
+// is an upper bound on the true count, and the caller labels it so (SPEC §2, §3).
 import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
 import { countOrdinary } from './segment-count.js';
 
@@ -29,11 +31,46 @@ export const SLACK_PER_CUT = 2;
  */
 export const RUN_WORK_BUDGET = 8_192;
 
+/**
+ * Characters of long runs that one count may still encode exactly, whole, when none of them is
+ * pathological (see `benignRuns`): URLs, minified JSON, base64 and the like in ordinary amounts
+ * keep exact counts. Past it the runs are cut as above — the bound that keeps 1 MB without spaces
+ * within the planning target (ADR 0010).
+ */
+export const EXACT_RUN_BUDGET = 65_536;
+
 // A run longer than MAX_PIECE. Ordinary prose never has one, so its counts stay exact.
 // Written as lookahead + backreference (an atomic group) rather than `\S{257,}`: V8 backtracks a
 // greedy counted quantifier position by position, which made a 1 MB run take ~200 ms and a 4 MB
 // run ~700 ms (not linear; measured in bench/RESULTS.md). This form takes < 1 ms per MB.
 const LONG_RUN = new RegExp(`(?=(\\S{${MAX_PIECE + 1}}))\\1\\S*|(?=(\\s{${MAX_PIECE + 1}}))\\2\\s*`, 'g');
+
+// What makes one pre-token long. In cl100k_base and o200k_base a pre-token is a run of letters
+// (marks included) with at most one leading other character and a contraction after it, at most
+// three digits, or a run of characters that are neither letters, digits nor whitespace (with one
+// leading space). So a run without whitespace whose letter runs and "other" runs are all short is
+// many short pre-tokens, and tiktoken encodes it whole in linear time, exactly.
+const LONG_LETTERS = new RegExp(`(?=([\\p{L}\\p{M}]{${MAX_PIECE + 1}}))\\1`, 'u');
+const LONG_OTHERS = new RegExp(`(?=([^\\s\\p{L}\\p{N}]{${MAX_PIECE + 1}}))\\1`, 'u');
+
+/**
+ * True when every long run of `text` can be encoded whole, exactly and in linear time: none is
+ * whitespace (one pre-token), none holds a long letter or symbol run, and together they stay
+ * within EXACT_RUN_BUDGET characters.
+ */
+function benignRuns(text: string): boolean {
+  let chars = 0;
+  LONG_RUN.lastIndex = 0;
+  for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
+    const run = m[0];
+    chars += run.length;
+    if (chars > EXACT_RUN_BUDGET || m[2] !== undefined || LONG_LETTERS.test(run) || LONG_OTHERS.test(run)) {
+      LONG_RUN.lastIndex = 0;
+      return false;
+    }
+  }
+  return true;
+}
 
 // Creating an encoder allocates WASM memory that is only returned by `free()`: keep one per
 // encoding and never free it (SPEC §3).
@@ -98,7 +135,7 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
 export function countBounded(encoding: TiktokenEncoding, text: string): PieceCount {
   if (text.length === 0) return { tokens: 0, split: false };
   const enc = getEncoder(encoding);
-  if (text.length <= MAX_PIECE) return { tokens: countOrdinary(enc, text), split: false };
+  if (text.length <= MAX_PIECE || benignRuns(text)) return { tokens: countOrdinary(enc, text), split: false };
 
   let tokens = 0;
   let split = false;
