@@ -11,6 +11,22 @@ import { precheck, reservationOf, tokenBudgetError, moneyError } from '../server
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
 
+/** The plan's fields a request refused before planning finished has no figures for. */
+const NOT_PLANNED = {
+  rows: null,
+  row_tokens: null,
+  longest_row: null,
+  longest_row_index: null,
+  sum_tokens: null,
+  count_method: null,
+  shared_prefix_tokens: null,
+  charge: null,
+  cost_usd: null,
+  budgets: null,
+  mode: null,
+  max_affordable_allowance: null,
+} as const;
+
 const route: FastifyPluginAsync = async (app) => {
   app.post('/v1/admission', { preHandler: requireClient }, async (request) => {
     const gw = app.gateway;
@@ -29,12 +45,25 @@ const route: FastifyPluginAsync = async (app) => {
 
     let plan;
     try {
+      // The size limit is the real request's: its body is this request, as JSON.
+      const bytes = Buffer.byteLength(JSON.stringify(call.request), 'utf8');
+      const limit = gw.config.limits.maxBodyBytes;
+      if (bytes > limit) {
+        throw new GatewayError('body_too_large', `request body has ${bytes} bytes, the limit is ${limit}`, { body_bytes: bytes, limit });
+      }
       const valid = validateRequest(kind, call.request);
       plan = await planRequest(gw, valid, request.principal!, request.headers);
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
-      // The request would be refused before planning finished: report what is known.
-      return { endpoint: call.endpoint, ...err.context, limits: { ...gw.config.limits }, verdict: verdictOf(err) };
+      // The request would be refused before planning finished: report what is known (the rows'
+      // figures when they were counted), and the rest of the plan as null — not known, same shape.
+      return {
+        endpoint: call.endpoint,
+        ...NOT_PLANNED,
+        ...err.context,
+        limits: { ...gw.config.limits },
+        verdict: verdictOf(err),
+      };
     }
 
     const budgets = await budgetsOf(gw, plan);

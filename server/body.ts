@@ -8,10 +8,18 @@ import { GatewayError } from './errors.js';
 
 const DRAIN_FACTOR = 4;
 
-export function registerJsonBodyParser(app: FastifyInstance, maxBodyBytes: number): void {
+/**
+ * Room for `POST /v1/admission`'s wrapper (`{"endpoint": …, "request": …}`) around a request of the
+ * limit's size: the limit applies to the request inside, whose verdict says `body_too_large` as
+ * the real request would get it (routes/admission.ts).
+ */
+export const ADMISSION_WRAPPER_BYTES = 64 * 1024;
+
+export function registerJsonBodyParser(app: FastifyInstance, limit: number): void {
   app.removeAllContentTypeParsers();
   // Every content type is read as JSON: SDKs send application/json, curl users often forget it.
   app.addContentTypeParser('*', (request: FastifyRequest, payload, done) => {
+    const maxBodyBytes = request.routeOptions.url === '/v1/admission' ? limit + ADMISSION_WRAPPER_BYTES : limit;
     const declared = Number(request.headers['content-length']);
     let total = 0;
     let over = false;

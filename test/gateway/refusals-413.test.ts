@@ -137,3 +137,34 @@ t.test('bad input is a 400 naming the field, and changes nothing', async (t) => 
   for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
   t.equal(rows.length, 0, 'no ledger rows');
 });
+
+t.test('admission applies the body limit to the request inside, with the real request envelope', async (t) => {
+  const { both, post } = await setup(t, { maxBodyBytes: 1000 });
+  const sized = (bytes: number) => {
+    const request = { model: 'gpt-4o', messages: [{ role: 'user', content: '' }] };
+    request.messages[0]!.content = 'a'.repeat(bytes - JSON.stringify(request).length);
+    return request;
+  };
+  // 1. a request of exactly the limit fits, although its wrapper is larger
+  const fits = sized(1000);
+  t.equal(JSON.stringify(fits).length, 1000);
+  const ok = await post('/v1/admission', { endpoint: '/v1/chat/completions', request: fits });
+  t.equal(ok.status, 200);
+  t.equal((ok.body.verdict as { admit: boolean }).admit, true);
+  // 2. one byte more: the verdict is the real request's 413, figures and all
+  const res = await both('/v1/chat/completions', sized(1001));
+  t.equal(res.body.error.code, 'body_too_large');
+  t.equal(res.body.error.message, 'request body has 1001 bytes, the limit is 1000');
+});
+
+t.test('a plan refused before planning finished keeps the plan shape: unknown figures are null', async (t) => {
+  const { post } = await setup(t, {});
+  const res = await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] } });
+  t.equal(res.status, 200);
+  t.equal((res.body.verdict as { status: number }).status, 404);
+  for (const field of ['rows', 'row_tokens', 'longest_row', 'sum_tokens', 'count_method', 'shared_prefix_tokens', 'charge', 'cost_usd', 'budgets', 'mode', 'max_affordable_allowance']) {
+    t.ok(field in res.body, `${field} present`);
+    t.equal(res.body[field], null, `${field} is null`);
+  }
+  t.ok(res.body.limits, 'the limits are known');
+});
