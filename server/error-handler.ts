@@ -52,6 +52,9 @@ export function registerErrorHandling(app: FastifyInstance): void {
     return answer(500, 'internal_error', envelope('internal_error', 'internal error in the gateway', 'server_error'), {});
   });
   app.setNotFoundHandler((request, reply) => {
-    reply.code(404).send(envelope('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, 'not_found_error'));
+    reply
+      .code(404)
+      .headers(NO_RETRY_HEADERS)
+      .send(envelope('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, 'not_found_error'));
   });
 }

@@ -107,3 +107,11 @@ t.test('/metrics with metrics.token configured needs the token', async (t) => {
   t.equal(ok.status, 200);
   t.match(await ok.text(), /tollgate_requests_total/);
 });
+
+t.test('an unknown route: 404 in the OpenAI envelope, not to be retried', async (t) => {
+  const gw = await startGateway(t, { upstreams: [llamaUpstream('http://127.0.0.1:9')] });
+  const res = await fetch(`${gw.url}/v1/foo`);
+  t.equal(res.status, 404);
+  t.equal(res.headers.get('x-should-retry'), 'false');
+  t.match(await res.json(), { error: { code: 'not_found', type: 'not_found_error', message: 'no route for GET /v1/foo' } });
+});
