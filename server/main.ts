@@ -13,16 +13,21 @@ export function isLoopback(host: string): boolean {
   return LOOPBACK.has(host) || host.startsWith('127.');
 }
 
+/** A mistake in the configuration (or a file it names) ends the start with its message, exit 2. */
+function exitIfConfigProblem(err: unknown): void {
+  if (err instanceof ConfigError || (err instanceof Error && err.name === 'PriceOverridesError')) {
+    process.stderr.write(`tollgate: invalid configuration: ${err.message}\n`);
+    process.exit(2);
+  }
+}
+
 async function main(): Promise<void> {
   const env = process.env;
   let config;
   try {
     config = loadConfig(env);
   } catch (err) {
-    if (err instanceof ConfigError || (err instanceof Error && err.name === 'PriceOverridesError')) {
-      process.stderr.write(`tollgate: invalid configuration: ${err.message}\n`);
-      process.exit(2);
-    }
+    exitIfConfigProblem(err);
     throw err;
   }
   const host = env.TOLLGATE_HOST ?? '127.0.0.1';
@@ -38,7 +43,11 @@ async function main(): Promise<void> {
     process.exit(2);
   }
 
-  const app = await buildApp({ config });
+  // The price overrides file is read while the app is built: a bad one is a config problem too.
+  const app = await buildApp({ config }).catch((err: unknown) => {
+    exitIfConfigProblem(err);
+    throw err;
+  });
   let closing = false;
   const shutdown = async (signal: string) => {
     if (closing) return;

@@ -144,3 +144,24 @@ t.test('a bad config file exits non-zero naming the field', async (t) => {
   t.match(s.stderr(), /invalid configuration: upstreams\[1\]\.baseUrl: must be a URL/);
   await t.rejects(fetch(`http://127.0.0.1:${port}/healthz`), 'nothing listens');
 });
+
+t.test('a price overrides file that cannot be read is a configuration error too: exit 2, no stack', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const config = join(dir, 'config.json');
+  writeFileSync(
+    config,
+    JSON.stringify({
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
+      prices: { overrides: join(dir, 'missing-prices.json') },
+    }),
+  );
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_CONFIG: config });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  t.equal(await s.exited, 2);
+  t.match(s.stderr(), /^tollgate: invalid configuration: prices\.overrides: cannot read /);
+  t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
+});
