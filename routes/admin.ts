@@ -53,9 +53,12 @@ const route: FastifyPluginAsync = async (app) => {
   app.post('/admin/tenants', async (request, reply) => {
     const b = body(request.body);
     const tenant = id(b, 'id');
-    const budget = usdOrNull(b, 'monthly_budget_usd', false) ?? null;
+    // Posting a tenant that exists changes only what the body says: without monthly_budget_usd its
+    // budget stays (a repeated set-up script must not lift a limit by leaving a field out).
+    const existing = await ledger().getTenant(tenant);
+    const budget = b.monthly_budget_usd === undefined ? (existing?.monthlyBudgetUsd ?? null) : (usdOrNull(b, 'monthly_budget_usd', false) ?? null);
     await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: budget });
-    reply.code(201);
+    reply.code(existing ? 200 : 201);
     return { id: tenant, monthly_budget_usd: budget };
   });
 

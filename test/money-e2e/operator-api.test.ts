@@ -109,3 +109,16 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
   t.equal(bad.status, 400);
   t.match(bad.body, { error: { param: 'since' } });
 });
+
+t.test('posting a tenant again changes only what the body says', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const made = await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'erin', monthly_budget_usd: 10 });
+  t.equal(made.status, 201, 'created');
+  t.same(made.body, { id: 'erin', monthly_budget_usd: 10 });
+  const again = await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'erin' });
+  t.equal(again.status, 200, 'it existed');
+  t.same(again.body, { id: 'erin', monthly_budget_usd: 10 }, 'the budget stays when the field is left out');
+  const lifted = await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'erin', monthly_budget_usd: null });
+  t.same(lifted.body, { id: 'erin', monthly_budget_usd: null }, 'an explicit null lifts it');
+  t.equal((await call(gw.url, 'GET', '/admin/tenants/erin/spend', ADMIN)).body.monthly_budget_usd, null);
+});
