@@ -56,16 +56,32 @@ const LIMIT_NAME: Record<LimitScope, { reached: string; whole: string }> = {
   monthly: { reached: 'monthly budget reached', whole: 'the whole monthly budget' },
 };
 
+/**
+ * The figures of one message, each as `$1.84` — with more decimals where two would make different
+ * figures read alike ("needs up to $0.03, more than the cap of $0.03" for $0.034 against $0.025).
+ */
+function figuresText(...usd: number[]): string[] {
+  const differ = (a: number, b: number, f: (x: number) => string) => a === b || f(a) !== f(b);
+  let format = formatUsdText;
+  for (let decimals = 3; decimals <= 8; decimals++) {
+    if (usd.every((a) => usd.every((b) => differ(a, b, format)))) break;
+    const d = decimals;
+    format = (x) => `$${x.toFixed(d)}`;
+  }
+  return usd.map(format);
+}
+
 /** The sentence a person reads: which limit, what was spent of it, what this request needs. */
 export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number): string {
   const name = LIMIT_NAME[scope];
-  const needs = formatUsdText(neededUsd);
   // A request larger than the whole limit could never pass, however little was spent: say so.
   if (neededUsd > limitUsd) {
-    return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${formatUsdText(limitUsd)}`;
+    const [needs, limit] = figuresText(neededUsd, limitUsd);
+    return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${limit}`;
   }
+  const [spent, limit, needs] = figuresText(spentUsd, limitUsd, neededUsd);
   const month = scope === 'monthly' ? ' this month' : '';
-  return `${name.reached}: spent ${formatUsdText(spentUsd)} of ${formatUsdText(limitUsd)}${month}, this request needs up to ${needs}`;
+  return `${name.reached}: spent ${spent} of ${limit}${month}, this request needs up to ${needs}`;
 }
 
 /** `conversation_cap_reached` (own or parent's cap) or `monthly_budget_reached`, 402. */

@@ -60,3 +60,19 @@ t.test('model_not_priced names the model and the way out', async (t) => {
   t.equal(r.message, 'no price for model "acme-9": add it to the price overrides file (prices.overrides) or set prices.unpriced to "allow"');
   t.same(r.details, { model: 'acme-9' });
 });
+
+t.test('figures that two decimals would make read alike get more decimals, in the whole message', async (t) => {
+  t.equal(
+    moneyRefusal({ scope: 'parent', spentUsd: 0, limitUsd: 0.025, neededUsd: 0.034, cheaperModels: [] }).message,
+    "parent conversation cap reached: this request needs up to $0.034, more than the whole parent conversation's cap of $0.025",
+  );
+  t.equal(
+    moneyRefusal({ scope: 'conversation', spentUsd: 0.0213, limitUsd: 0.05, neededUsd: 0.0291, cheaperModels: [] }).message,
+    'conversation cap reached: spent $0.02 of $0.05, this request needs up to $0.03',
+    'distinct at two decimals: left as they are',
+  );
+  t.equal(
+    moneyRefusal({ scope: 'monthly', spentUsd: 9.996, limitUsd: 10, neededUsd: 0.02, cheaperModels: [] }).message,
+    'monthly budget reached: spent $9.996 of $10.000 this month, this request needs up to $0.020',
+  );
+});
