@@ -33,7 +33,7 @@ export const RUN_WORK_BUDGET = 8_192;
 
 /**
  * Characters of long runs that one count may still encode exactly, whole, when none of them is
- * pathological (see `benignRuns`): URLs, minified JSON, base64 and the like in ordinary amounts
+ * pathological (see `longRuns`): URLs, minified JSON, base64 and the like in ordinary amounts
  * keep exact counts. Past it the runs are cut as above — the bound that keeps 1 MB without spaces
  * within the planning target (ADR 0010).
  */
@@ -53,23 +53,31 @@ const LONG_RUN = new RegExp(`(?=(\\S{${MAX_PIECE + 1}}))\\1\\S*|(?=(\\s{${MAX_PI
 const LONG_LETTERS = new RegExp(`(?=([\\p{L}\\p{M}]{${MAX_PIECE + 1}}))\\1`, 'u');
 const LONG_OTHERS = new RegExp(`(?=([^\\s\\p{L}\\p{N}]{${MAX_PIECE + 1}}))\\1`, 'u');
 
-/**
- * True when every long run of `text` can be encoded whole, exactly and in linear time: none is
- * whitespace (one pre-token), none holds a long letter or symbol run, and together they stay
- * within EXACT_RUN_BUDGET characters.
- */
-function benignRuns(text: string): boolean {
+/** The long runs of `text`, found in one pass, and whether all of them can be encoded whole. */
+interface LongRuns {
+  runs: Array<{ index: number; text: string }>;
+  /**
+   * Every long run can be encoded whole, exactly and in linear time: none is whitespace (one
+   * pre-token), none holds a long letter or symbol run, and together they stay within
+   * EXACT_RUN_BUDGET characters.
+   */
+  benign: boolean;
+}
+
+function longRuns(text: string): LongRuns {
+  const runs: LongRuns['runs'] = [];
+  let benign = true;
   let chars = 0;
   LONG_RUN.lastIndex = 0;
   for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
     const run = m[0];
+    runs.push({ index: m.index, text: run });
+    if (!benign) continue;
     chars += run.length;
-    if (chars > EXACT_RUN_BUDGET || m[2] !== undefined || LONG_LETTERS.test(run) || LONG_OTHERS.test(run)) {
-      LONG_RUN.lastIndex = 0;
-      return false;
-    }
+    // The letter and symbol scans run only while within the budget: their work stays bounded.
+    benign = chars <= EXACT_RUN_BUDGET && m[2] === undefined && !LONG_LETTERS.test(run) && !LONG_OTHERS.test(run);
   }
-  return true;
+  return { runs, benign };
 }
 
 // Creating an encoder allocates WASM memory that is only returned by `free()`: keep one per
@@ -135,21 +143,20 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
 export function countBounded(encoding: TiktokenEncoding, text: string): PieceCount {
   if (text.length === 0) return { tokens: 0, split: false };
   const enc = getEncoder(encoding);
-  if (text.length <= MAX_PIECE || benignRuns(text)) return { tokens: countOrdinary(enc, text), split: false };
+  if (text.length <= MAX_PIECE) return { tokens: countOrdinary(enc, text), split: false };
+  const { runs, benign } = longRuns(text);
+  if (benign) return { tokens: countOrdinary(enc, text), split: false };
 
   let tokens = 0;
-  let split = false;
   let last = 0;
   const budget: Budget = { chars: RUN_WORK_BUDGET, seen: new Map() };
-  LONG_RUN.lastIndex = 0;
-  for (let m = LONG_RUN.exec(text); m !== null; m = LONG_RUN.exec(text)) {
-    if (m.index > last) tokens += countOrdinary(enc, text.slice(last, m.index));
-    tokens += countRun(enc, encoding, m[0], budget);
-    split = true;
-    last = m.index + m[0].length;
+  for (const run of runs) {
+    if (run.index > last) tokens += countOrdinary(enc, text.slice(last, run.index));
+    tokens += countRun(enc, encoding, run.text, budget);
+    last = run.index + run.text.length;
   }
   if (last < text.length) tokens += countOrdinary(enc, last === 0 ? text : text.slice(last));
-  return { tokens, split };
+  return { tokens, split: true };
 }
 
 function countRun(enc: Tiktoken, encoding: string, run: string, budget: Budget): number {
