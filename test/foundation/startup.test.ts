@@ -2,7 +2,7 @@
 // default on TOLLGATE_PORT at 127.0.0.1; a non-loopback address without client keys and a bad
 // config file are both refused at start with a message naming the problem and a non-zero exit.
 
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -34,6 +34,17 @@ function start(cwd: string, env: Record<string, string>): Started {
   child.stderr?.on('data', (d: Buffer) => (err += d.toString('utf8')));
   const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
   return { child, stdout: () => out, stderr: () => err, exited };
+}
+
+/** Writes `raw` as the config file in `dir` and starts the gateway with it; killed at teardown. */
+function startConfigured(t: Test, dir: string, raw: unknown, env: Record<string, string>): Started {
+  const config = join(dir, 'config.json');
+  writeFileSync(config, JSON.stringify(raw));
+  const s = start(dir, { ...env, TOLLGATE_CONFIG: config });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  return s;
 }
 
 async function waitHealthy(url: string, s: Started): Promise<void> {
@@ -103,19 +114,16 @@ t.test('TOLLGATE_HOST=0.0.0.0 without auth.keys is refused at start', async (t) 
 t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
   const dir = tempDir(t);
   const port = await freePort();
-  const config = join(dir, 'config.json');
-  writeFileSync(
-    config,
-    JSON.stringify({
+  const s = startConfigured(
+    t,
+    dir,
+    {
       store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
       upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
       auth: { keys: [{ key: 'tg-start', tenant: 'start' }] },
-    }),
+    },
+    { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '0.0.0.0' },
   );
-  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '0.0.0.0', TOLLGATE_CONFIG: config });
-  t.teardown(() => {
-    s.child.kill('SIGKILL');
-  });
   await waitHealthy(`http://127.0.0.1:${port}`, s);
   const res = await fetch(`http://127.0.0.1:${port}/v1/models`);
   t.equal(res.status, 401, 'and the keys are required');
@@ -124,20 +132,17 @@ t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
 t.test('a bad config file exits non-zero naming the field', async (t) => {
   const dir = tempDir(t);
   const port = await freePort();
-  const config = join(dir, 'config.json');
-  writeFileSync(
-    config,
-    JSON.stringify({
+  const s = startConfigured(
+    t,
+    dir,
+    {
       upstreams: [
         { name: 'ok', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:8080' },
         { name: 'bad', kind: 'openai', baseUrl: 'api.openai.com' },
       ],
-    }),
+    },
+    { TOLLGATE_PORT: String(port) },
   );
-  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_CONFIG: config });
-  t.teardown(() => {
-    s.child.kill('SIGKILL');
-  });
   const code = await s.exited;
   t.not(code, 0);
   t.not(code, null);
@@ -148,19 +153,16 @@ t.test('a bad config file exits non-zero naming the field', async (t) => {
 t.test('a price overrides file that cannot be read is a configuration error too: exit 2, no stack', async (t) => {
   const dir = tempDir(t);
   const port = await freePort();
-  const config = join(dir, 'config.json');
-  writeFileSync(
-    config,
-    JSON.stringify({
+  const s = startConfigured(
+    t,
+    dir,
+    {
       store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
       upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
       prices: { overrides: join(dir, 'missing-prices.json') },
-    }),
+    },
+    { TOLLGATE_PORT: String(port) },
   );
-  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_CONFIG: config });
-  t.teardown(() => {
-    s.child.kill('SIGKILL');
-  });
   t.equal(await s.exited, 2);
   t.match(s.stderr(), /^tollgate: invalid configuration: prices\.overrides: cannot read /);
   t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
