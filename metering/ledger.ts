@@ -183,8 +183,13 @@ export interface Ledger {
   readonly kind: 'sqlite' | 'postgres';
   /** Apply versioned migrations (safe when two replicas start at once). */
   migrate(): Promise<void>;
-  /** Settle reservations left open by a crash: charged in full, flagged. Returns how many. */
+  /**
+   * Settle reservations left open by a crash: charged in full, flagged. A reservation counts as
+   * left when it was made, and last said alive, more than `olderThanMs` ago. Returns how many.
+   */
   recoverStale(olderThanMs: number, now: number): Promise<number>;
+  /** Say that these open reservations are still in flight, as of `now` (see recoverStale). */
+  keepAlive(ids: readonly string[], now: number): Promise<void>;
   ping(): Promise<void>;
   close(): Promise<void>;
 

@@ -36,6 +36,8 @@ export interface AppOptions {
   logger?: FastifyServerOptions['logger'];
   /** How old an open reservation must be to count as left by a crash (default 10 minutes). */
   staleReservationMs?: number;
+  /** How often in-flight reservations are kept alive and stale ones swept (default 60 s; tests shorten it). */
+  sweepIntervalMs?: number;
 }
 
 declare module 'fastify' {
@@ -67,14 +69,24 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // SQLite has one gateway process per file, so every open reservation at start was left by a
   // crash; replicas sharing PostgreSQL may have requests in flight, so there only old ones count,
   // swept again every minute (a replica killed mid-request is settled by the others).
+  // Each process says, every sweep, which of its reservations are still in flight (a stream may
+  // run for longer than the threshold), so only those of a dead replica are ever recovered (ADR 0011).
   const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : 10 * 60_000);
   const recovered = await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
+  const inFlight = new Set<string>();
+  const sweepEvery = opts.sweepIntervalMs ?? 60_000;
   const sweep =
-    ledger.kind === 'postgres'
+    staleMs > 0
       ? setInterval(() => {
-          ledger.recoverStale(Math.max(staleMs, 60_000), clock()).catch((err: unknown) => app.log.warn({ err }, 'stale reservation sweep failed'));
-        }, 60_000)
+          ledger
+            .keepAlive([...inFlight], clock())
+            .then(() => ledger.recoverStale(Math.max(staleMs, sweepEvery), clock()))
+            .then((n) => {
+              if (n > 0) app.log.warn({ recovered: n }, 'settled reservations left open by a replica that went away');
+            })
+            .catch((err: unknown) => app.log.warn({ err }, 'stale reservation sweep failed'));
+        }, sweepEvery)
       : null;
   sweep?.unref();
   for (const key of config.auth.keys) {
@@ -97,6 +109,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     counters: gatewayCounters(config, clock),
     prices: PriceTable.load(config.prices.overrides),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
+    inFlight,
     clock,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,

@@ -23,6 +23,8 @@ export interface Gateway {
   prices: PriceTable;
   /** Earlier turns' message lists, so a turn hashes and counts only what it added. */
   prefixMemo: PrefixMemo;
+  /** Ids of this process's reservations admitted and not yet settled (kept alive in the store). */
+  inFlight: Set<string>;
   clock: Clock;
   log: FastifyBaseLogger;
   adminToken: string | null;

@@ -124,6 +124,11 @@ CREATE INDEX ledger_rows_by_time ON ledger_rows (time, id);
 CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
 `,
   },
+  {
+    version: 2,
+    // When a process last said an open reservation is still in flight (ms; ADR 0011).
+    sql: `ALTER TABLE ledger_rows ADD COLUMN alive_at INTEGER;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

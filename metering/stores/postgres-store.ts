@@ -114,7 +114,7 @@ export class PostgresLedger implements Ledger {
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
     const { rows } = await this.pool.query<{ id: string }>(
-      `SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < $1 ORDER BY time`,
+      `SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < $1 AND COALESCE(alive_at, time) < $1 ORDER BY time`,
       [now - olderThanMs],
     );
     let recovered = 0;
@@ -123,6 +123,11 @@ export class PostgresLedger implements Ledger {
       if (await this.tx((c) => settleLocked(c, id, (row) => recoveredSettlement(row, now)))) recovered++;
     }
     return recovered;
+  }
+
+  async keepAlive(ids: readonly string[], now: number): Promise<void> {
+    if (ids.length === 0) return;
+    await this.pool.query(`UPDATE ledger_rows SET alive_at = $2 WHERE id = ANY($1::text[]) AND state = 'reserved'`, [ids, now]);
   }
 
   async getHead(conversation: string): Promise<ConversationHead | null> {

@@ -57,7 +57,10 @@ export function prepareSqlite(db: Database.Database) {
       allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = ?`),
     settleRow: s(`UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c) => `${c} = @${c}`).join(', ')}
       WHERE id = @id`),
-    staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < ? ORDER BY time`),
+    staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < @before
+      AND COALESCE(alive_at, time) < @before ORDER BY time`),
+    keepAlive: s(`UPDATE ledger_rows SET alive_at = @now
+      WHERE id IN (SELECT value FROM json_each(@ids)) AND state = 'reserved'`),
     exportPage: s(`SELECT * FROM ledger_rows WHERE time >= @since AND time < @until
       AND (time, id) > (@t, @id) ORDER BY time, id LIMIT @n`),
 

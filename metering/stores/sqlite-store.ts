@@ -217,13 +217,17 @@ export class SqliteLedger implements Ledger {
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
-    const ids = this.q.staleRows.all(now - olderThanMs) as { id: string }[];
+    const ids = this.q.staleRows.all({ before: now - olderThanMs }) as { id: string }[];
     let recovered = 0;
     // One transaction per row: a long recovery never holds the write lock for long.
     for (const { id } of ids) {
       if (this.settleTx(id, (row) => recoveredSettlement(row, now))) recovered++;
     }
     return recovered;
+  }
+
+  async keepAlive(ids: readonly string[], now: number): Promise<void> {
+    if (ids.length > 0) this.q.keepAlive.run({ now, ids: JSON.stringify(ids) });
   }
 
   private money(id: string): ConversationRecord | undefined {

@@ -98,7 +98,10 @@ export async function admit(gw: Gateway, plan: Plan): Promise<void> {
   const early = await precheck(gw, plan);
   if (early) throw early;
   const result = await gw.ledger.admit(reservationOf(plan));
-  if (result.ok) return;
+  if (result.ok) {
+    gw.inFlight.add(plan.id);
+    return;
+  }
   if (result.scope === 'run') throw tokenBudgetError(result.remainingTokens, result.neededTokens, result.limitTokens, plan);
   throw moneyError(gw, plan, result);
 }

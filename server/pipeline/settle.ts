@@ -122,7 +122,12 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
           time: plan.time,
         }
       : undefined;
-  const month = await gw.ledger.settle(plan.id, settlement, head);
+  let month;
+  try {
+    month = await gw.ledger.settle(plan.id, settlement, head);
+  } finally {
+    gw.inFlight.delete(plan.id);
+  }
 
   const notices: string[] = [];
   const m = gw.metrics;

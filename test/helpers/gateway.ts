@@ -31,7 +31,7 @@ interface Teardown {
 export async function startGateway(
   t: Teardown,
   raw: Record<string, unknown>,
-  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite' } = {},
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number } = {},
 ): Promise<TestGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const dbPath = join(dir, 'ledger.db');
@@ -49,6 +49,8 @@ export async function startGateway(
     env: opts.env ?? { TOLLGATE_ADMIN_TOKEN: 'admin-secret' },
     clock: opts.clock ? () => now.ms : undefined,
     ledger: opts.ledger ?? own?.ledger,
+    staleReservationMs: opts.staleReservationMs,
+    sweepIntervalMs: opts.sweepIntervalMs,
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();

@@ -42,3 +42,26 @@ for (const factory of storeFactories(t)) {
     t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: month.spentUsd, reservedUsd: 0 });
   });
 }
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: a reservation said alive recently is not stale, however old it is`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const now = Date.UTC(2025, 5, 10, 13, 0, 0);
+    const long = reservation({ run: 'ka', time: now - 30 * 60_000 }); // a stream running for 30 minutes
+    const dead = reservation({ run: 'ka', time: now - 30 * 60_000 }); // its replica went away
+    const quiet = reservation({ run: 'ka', time: now - 30 * 60_000 }); // kept alive, then no more
+    for (const r of [long, dead, quiet]) t.same(await ledger.admit(r), { ok: true });
+    await ledger.keepAlive([quiet.id], now - 20 * 60_000);
+    await ledger.keepAlive([long.id, 'no-such-request'], now - 60_000);
+    t.equal(await ledger.recoverStale(10 * 60_000, now), 2, 'the dead one and the one not heard of for 20 minutes');
+    const rows = new Map((await collect(ledger.exportRows(null, null))).map((r) => [r.id, r]));
+    t.equal(rows.get(long.id)?.state, 'reserved', 'alive a minute ago: left alone');
+    t.equal(rows.get(dead.id)?.state, 'recovered');
+    t.equal(rows.get(quiet.id)?.state, 'recovered');
+    // Keeping a settled row alive changes nothing; it settles normally.
+    await ledger.settle(long.id, settlement(long, 10));
+    await ledger.keepAlive([long.id], now);
+    t.equal(await ledger.recoverStale(0, now + 1), 0);
+    t.match((await collect(ledger.exportRows(null, null))).find((r) => r.id === long.id), { state: 'settled', generated_tokens: 10 });
+  });
+}
