@@ -104,7 +104,7 @@ for (const factory of storeFactories(t)) {
     if (store.sqlitePath) {
       const db = new Database(store.sqlitePath, { readonly: true });
       t.teardown(() => db.close());
-      t.same(db.prepare('SELECT version FROM schema_version').all(), [{ version: 1 }]);
+      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }], 'each migration applied once');
       t.equal(db.pragma('journal_mode', { simple: true }), 'wal');
     }
   });
@@ -125,9 +125,9 @@ if (pgUrl) {
     await Promise.all(replicas.map((r) => r.migrate()));
     const admin = new pg.Client({ connectionString: pgUrl });
     await admin.connect();
-    const { rows } = await admin.query(`SELECT version FROM ${schema}.schema_version`);
+    const { rows } = await admin.query(`SELECT version FROM ${schema}.schema_version ORDER BY version`);
     await admin.end();
-    t.same(rows, [{ version: 1 }]);
+    t.same(rows, [{ version: 1 }, { version: 2 }], 'each migration applied once');
     t.same(await replicas[3].admit(reservation({ run: 'after-migrate' })), { ok: true });
   });
   t.test('postgres: a schema name that is not a plain SQL name is refused', async (t) => {
