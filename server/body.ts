@@ -19,7 +19,8 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
   app.removeAllContentTypeParsers();
   // Every content type is read as JSON: SDKs send application/json, curl users often forget it.
   app.addContentTypeParser('*', (request: FastifyRequest, payload, done) => {
-    const maxBodyBytes = request.routeOptions.url === '/v1/admission' ? limit + ADMISSION_WRAPPER_BYTES : limit;
+    const wrapped = request.routeOptions.url === '/v1/admission';
+    const maxBodyBytes = wrapped ? limit + ADMISSION_WRAPPER_BYTES : limit;
     const declared = Number(request.headers['content-length']);
     let total = 0;
     let over = false;
@@ -33,7 +34,8 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     const tooLarge = (bytes: number, exact: boolean) =>
       new GatewayError(
         'body_too_large',
-        `request body has ${exact ? '' : 'more than '}${bytes} bytes, the limit is ${maxBodyBytes}`,
+        `request body has ${exact ? '' : 'more than '}${bytes} bytes, the limit is ${maxBodyBytes}` +
+          (wrapped ? ` (${limit} for the request inside, ${ADMISSION_WRAPPER_BYTES} for the admission wrapper)` : ''),
         { body_bytes: bytes, limit: maxBodyBytes },
       );
     payload.on('data', (chunk: Buffer) => {

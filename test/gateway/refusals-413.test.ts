@@ -168,3 +168,11 @@ t.test('a plan refused before planning finished keeps the plan shape: unknown fi
   }
   t.ok(res.body.limits, 'the limits are known');
 });
+
+t.test('an admission body too large even for its wrapper: 413 that says which limits', async (t) => {
+  const { post } = await setup(t, { maxBodyBytes: 1000 });
+  const res = await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { model: 'gpt-4o', messages: [{ role: 'user', content: 'a'.repeat(70_000) }] } });
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'body_too_large');
+  t.match(res.body.error.message, /the limit is 66536 \(1000 for the request inside, 65536 for the admission wrapper\)$/);
+});
