@@ -65,13 +65,16 @@ export async function startBenchUpstream(opts: BenchUpstreamOptions = {}): Promi
       return;
     }
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":`;
-    res.write(`data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n`);
-    const tokenEvent = `data: ${head}[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n`;
-    for (let i = 0; i < count; i++) res.write(tokenEvent);
-    res.write(`data: ${head}[{"index":0,"delta":{},"finish_reason":"${finish}"}]}\n\n`);
+    // With include_usage OpenAI ends every chunk with `"usage":null`, and sends the figures last.
     const so = body.stream_options as { include_usage?: unknown } | undefined;
-    if (so?.include_usage === true) res.write(`data: ${head}[],"usage":${JSON.stringify(usage)}}\n\n`);
+    const withUsage = so?.include_usage === true;
+    const tail = withUsage ? ',"usage":null}' : '}';
+    const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":`;
+    res.write(`data: ${head}[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]${tail}\n\n`);
+    const tokenEvent = `data: ${head}[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]${tail}\n\n`;
+    for (let i = 0; i < count; i++) res.write(tokenEvent);
+    res.write(`data: ${head}[{"index":0,"delta":{},"finish_reason":"${finish}"}]${tail}\n\n`);
+    if (withUsage) res.write(`data: ${head}[],"usage":${JSON.stringify(usage)}}\n\n`);
     res.end('data: [DONE]\n\n');
   });
   server.keepAliveTimeout = 30_000;

@@ -126,7 +126,11 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
 
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     const send = (v: unknown) => res.write(`data: ${JSON.stringify(v)}\n\n`);
-    const chunk = (choices: Json[]) => ({ id, object: isChat ? 'chat.completion.chunk' : 'text_completion', created, model, choices });
+    // With `stream_options.include_usage`, OpenAI gives every chunk `"usage": null` (after the
+    // choices), and the figures in a last chunk of its own with no choices.
+    const so = body.stream_options as Json | undefined;
+    const withUsage = so?.include_usage === true;
+    const chunk = (choices: Json[]) => ({ id, object: isChat ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...(withUsage ? { usage: null } : {}) });
     if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
     let sent = 0;
     if (toolCalls) {
@@ -151,8 +155,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
       }
     }
     send(chunk(Array.from({ length: n }, (_, index) => (isChat ? { index, delta: {}, finish_reason: toolCalls ? 'tool_calls' : finish } : { index, text: '', finish_reason: finish }))));
-    const so = body.stream_options as Json | undefined;
-    if (so?.include_usage === true) send({ ...chunk([]), usage });
+    if (withUsage) send({ ...chunk([]), usage });
     res.end('data: [DONE]\n\n');
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
