@@ -6,6 +6,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { SseParser, sseData } from './sse.js';
+import { contentChunk } from './sse-content-chunk.js';
 import { OutputMeter, deltaText } from './output-meter.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import type { Plan } from './plan.js';
@@ -97,6 +98,22 @@ export async function relayStream(
   const handle = (event: { data: string | null; raw: string }): boolean => {
     if (event.data === null) return true; // upstream comments are not passed on
     if (event.data.trim() === '[DONE]') return false;
+    // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
+    // stream's metadata has been taken from a chunk that was parsed.
+    const plain = filter === null && out.meta.id !== undefined && !finished.has(0) ? contentChunk(event.data) : null;
+    if (plain !== null) {
+      if (meter.add(0, plain.text)) {
+        if (plain.text.trim() !== '') out.visibleText = true;
+        // `"usage":null` is there because the gateway asked for usage: passed on only if the client did.
+        write(`data: ${plan.valid.includeUsage ? event.data : plain.withoutUsage}\n\n`);
+        return true;
+      }
+      // Past the allowance: the choice ends here, as below.
+      finished.add(0);
+      out.cut = true;
+      write(sseData(lengthChunk(0)));
+      return finished.size < choicesExpected;
+    }
     let chunk: unknown;
     try {
       chunk = JSON.parse(event.data);

@@ -94,3 +94,33 @@ t.test('a non-streamed answer reaches the client byte for byte as the upstream w
   t.equal(await res.text(), written, 'not re-serialised');
   t.equal(res.headers.get('x-tollgate-refund-tokens'), '18', 'and still metered from its usage');
 });
+
+t.test('streamed chunks: "usage": null (there because the gateway asks for usage) reaches only a client that asked', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 6 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const stream = async (includeUsage: boolean) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, max_tokens: 20, messages: [{ role: 'user', content: 'Count.' }], ...(includeUsage ? { stream_options: { include_usage: true } } : {}) }),
+    });
+    const text = await res.text();
+    const chunks = text.split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as Record<string, unknown>);
+    const content = chunks.filter((c) => ((c.choices as Array<{ delta?: { content?: string } }>)[0]?.delta?.content ?? '') !== '');
+    const trailer = JSON.parse(/^: tollgate (.*)$/m.exec(text)![1]) as { charge_tokens: number; refund_tokens: number };
+    return { chunks, content, trailer, reserved: Number(res.headers.get('x-tollgate-reserved-tokens')) };
+  };
+  t.equal(upstream.requests.length, 0);
+  const quiet = await stream(false);
+  t.match(upstream.requests.at(-1)?.body, { stream_options: { include_usage: true } }, 'the gateway asked the upstream for usage');
+  t.equal(quiet.content.length, 6);
+  t.equal(quiet.content.map((c) => (c.choices as Array<{ delta: { content: string } }>)[0]!.delta.content).join(''), ' hi'.repeat(6));
+  t.ok(quiet.chunks.every((c) => !('usage' in c)), 'no chunk carries usage for a client that did not ask');
+  t.equal(quiet.trailer.refund_tokens, 14, '6 of 20 generated, counted from the chunks passed on');
+
+  const asked = await stream(true);
+  t.ok(asked.content.every((c) => 'usage' in c && c.usage === null), 'every content chunk as OpenAI sends it: "usage": null');
+  t.match(asked.chunks.at(-1), { choices: [], usage: { completion_tokens: 6 } }, 'the figures last');
+  t.same(asked.trailer, quiet.trailer);
+});

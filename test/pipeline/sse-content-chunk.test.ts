@@ -1,0 +1,83 @@
+// The stream relay's fast path (server/pipeline/sse-content-chunk.ts): the common content chunk is
+// recognised from its text, and whatever it recognises must be exactly what parsing would find.
+
+import t from 'tap';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { contentChunk } from '../../server/pipeline/sse-content-chunk.js';
+
+type Json = Record<string, unknown>;
+const fixtures = join(import.meta.dirname, '../../../shared/fixtures/llamacpp');
+
+/** What parsing says: the text of a one-choice, index-0, content-only, unfinished chunk, or null. */
+function parsedContent(data: string): string | null {
+  const v = JSON.parse(data) as Json;
+  if (v.usage !== undefined && v.usage !== null) return null;
+  if (v.timings !== undefined) return null;
+  const choices = v.choices as Json[] | undefined;
+  if (!Array.isArray(choices) || choices.length !== 1) return null;
+  const c = choices[0]!;
+  const delta = c.delta as Json | undefined;
+  if (c.index !== 0 || c.finish_reason !== null || !delta || Object.keys(delta).join() !== 'content' || typeof delta.content !== 'string') return null;
+  return delta.content;
+}
+
+const openai = (content: unknown, extra: Json = {}, choice: Json = {}) =>
+  JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o', system_fingerprint: 'fp', choices: [{ index: 0, delta: { content }, logprobs: null, finish_reason: null, ...choice }], ...extra });
+
+t.test('OpenAI content chunks, with and without the usage placeholder', async (t) => {
+  const plain = openai(' Hello');
+  t.same(contentChunk(plain), { text: ' Hello', withoutUsage: plain });
+  const withNull = openai(' Hello', { usage: null });
+  const c = contentChunk(withNull);
+  t.equal(c?.text, ' Hello');
+  t.same(JSON.parse(c!.withoutUsage), JSON.parse(plain), 'the same chunk without "usage": null');
+  const noLogprobs = JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }] });
+  t.equal(contentChunk(noLogprobs)?.text, 'a');
+});
+
+t.test('escaped text comes out as parsing gives it', async (t) => {
+  for (const text of ['say "hi"', 'back\\slash', 'two\nlines\ttab', 'café', 'emoji 🎉 here', '</script>', '', ' ', '\u0000\u001f', '"choices":[{"index":0}]']) {
+    const data = openai(text, { usage: null });
+    t.equal(contentChunk(data)?.text, text, JSON.stringify(text));
+    t.equal(parsedContent(data), text);
+  }
+  // Written with \u escapes by the server, as some do.
+  t.equal(contentChunk('{"id":"x","choices":[{"index":0,"delta":{"content":"caf\\u00e9 \\ud83c\\udf89"},"finish_reason":null}]}')?.text, 'café 🎉');
+});
+
+t.test('everything else goes the full way', async (t) => {
+  const others = [
+    openai('a', {}, { index: 1 }),
+    openai('a', {}, { finish_reason: 'stop' }),
+    openai(null),
+    JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { role: 'assistant', content: 'a' }, finish_reason: null }] }),
+    JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { reasoning_content: 'hm' }, finish_reason: null }] }),
+    JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: '{}' } }] }, finish_reason: null }] }),
+    JSON.stringify({ id: 'x', choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }, { index: 1, delta: { content: 'b' }, finish_reason: null }] }),
+    JSON.stringify({ id: 'x', usage: { prompt_tokens: 1 }, choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }] }),
+    JSON.stringify({ choices: [{ finish_reason: null, index: 0, delta: { content: 'a' } }], id: 'x', timings: { prompt_n: 1 } }),
+    openai('a', { usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } }),
+  ];
+  for (const data of others) t.equal(contentChunk(data), null, data);
+});
+
+t.test('the recorded llama.cpp stream: every content chunk recognised, each as parsing reads it', async (t) => {
+  const events = readFileSync(join(fixtures, 'chat-stream.response.sse'), 'utf8')
+    .split('\n\n')
+    .map((e) => e.replace(/^data: /, ''))
+    .filter((e) => e.startsWith('{'));
+  let recognised = 0;
+  for (const data of events) {
+    const fast = contentChunk(data);
+    const parsed = parsedContent(data);
+    if (fast !== null) {
+      recognised++;
+      t.equal(fast.text, parsed, 'the same text');
+      t.equal(fast.withoutUsage, data);
+    } else {
+      t.equal(parsed, null, `only chunks that are not plain content go the full way: ${data.slice(0, 80)}`);
+    }
+  }
+  t.ok(recognised >= 10, `${recognised} of ${events.length} events`);
+});
