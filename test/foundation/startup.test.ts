@@ -36,6 +36,13 @@ function start(cwd: string, env: Record<string, string>): Started {
   return { child, stdout: () => out, stderr: () => err, exited };
 }
 
+/** A SQLite ledger in `dir` and one llama.cpp upstream that is not there, plus `extra`. */
+const minimalConfig = (dir: string, extra: Record<string, unknown>) => ({
+  store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+  upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
+  ...extra,
+});
+
 /** Writes `raw` as the config file in `dir` and starts the gateway with it; killed at teardown. */
 function startConfigured(t: Test, dir: string, raw: unknown, env: Record<string, string>): Started {
   const config = join(dir, 'config.json');
@@ -117,11 +124,7 @@ t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
   const s = startConfigured(
     t,
     dir,
-    {
-      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
-      upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
-      auth: { keys: [{ key: 'tg-start', tenant: 'start' }] },
-    },
+    minimalConfig(dir, { auth: { keys: [{ key: 'tg-start', tenant: 'start' }] } }),
     { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '0.0.0.0' },
   );
   await waitHealthy(`http://127.0.0.1:${port}`, s);
@@ -156,11 +159,7 @@ t.test('a price overrides file that cannot be read is a configuration error too:
   const s = startConfigured(
     t,
     dir,
-    {
-      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
-      upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9' }],
-      prices: { overrides: join(dir, 'missing-prices.json') },
-    },
+    minimalConfig(dir, { prices: { overrides: join(dir, 'missing-prices.json') } }),
     { TOLLGATE_PORT: String(port) },
   );
   t.equal(await s.exited, 2);
