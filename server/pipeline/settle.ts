@@ -3,7 +3,7 @@
 
 import type { Gateway } from '../gateway.js';
 import type { Plan } from './plan.js';
-import type { ConversationHead, Settlement, UpstreamFigures } from '../../metering/ledger.js';
+import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
 import { turnCost } from '../../pricing/turn-cost.js';
 import { pricierNotice, BUDGET_NEAR_NOTICE, BUDGET_NEAR_SHARE } from '../../pricing/notices.js';
@@ -122,7 +122,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
           time: plan.time,
         }
       : undefined;
-  let month;
+  let month: MonthAfterSettle | null;
   try {
     month = await gw.ledger.settle(plan.id, settlement, head);
   } finally {
