@@ -67,10 +67,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const ledger = opts.ledger ?? (await openStore(config.store));
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
   // SQLite has one gateway process per file, so every open reservation at start was left by a
-  // crash; replicas sharing PostgreSQL may have requests in flight, so there only old ones count,
-  // swept again every minute (a replica killed mid-request is settled by the others).
-  // Each process says, every sweep, which of its reservations are still in flight (a stream may
-  // run for longer than the threshold), so only those of a dead replica are ever recovered (ADR 0011).
+  // crash. Replicas sharing PostgreSQL may have requests in flight: there only reservations not
+  // made or kept alive for the threshold count, swept every minute, and each replica first keeps
+  // its own in-flight ones alive — a stream may outlast the threshold (ADR 0011).
   const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : 10 * 60_000);
   const recovered = await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
