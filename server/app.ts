@@ -10,7 +10,8 @@ import { openStore } from '../metering/stores/open-store.js';
 import { initMetrics } from './metrics.js';
 import { UpstreamRegistry } from './upstreams.js';
 import { Authenticator } from './auth.js';
-import { gatewayCounters } from './counters.js';
+import { encodingsServed, gatewayCounters } from './counters.js';
+import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
@@ -38,6 +39,11 @@ export interface AppOptions {
   staleReservationMs?: number;
   /** How often in-flight reservations are kept alive and stale ones swept (default 60 s; tests shorten it). */
   sweepIntervalMs?: number;
+  /**
+   * Load the tiktoken encodings the OpenAI-kind upstreams can need before serving (server/main.ts
+   * does; default off, so a test that never counts does not pay ~0.6 s for them).
+   */
+  loadTokenizers?: boolean;
 }
 
 declare module 'fastify' {
@@ -99,6 +105,12 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   }
 
   const upstreams = new UpstreamRegistry(config, env, opts.dispatcherFor);
+  if (opts.loadTokenizers) {
+    const started = performance.now();
+    const encodings = encodingsServed(upstreams);
+    loadEncoders(encodings);
+    if (encodings.length > 0) app.log.info({ encodings, ms: Math.round(performance.now() - started) }, 'tokenizers loaded');
+  }
   const gateway: Gateway = {
     config,
     ledger,

@@ -4,9 +4,10 @@
 // another -c / --parallel).
 
 import type { Config } from './config.js';
-import type { Upstream } from './upstreams.js';
+import type { TiktokenEncoding } from '@dqbd/tiktoken';
+import type { Upstream, UpstreamRegistry } from './upstreams.js';
 import type { TokenCounter } from '../metering/types.js';
-import { createCounters, fetchContextWindow } from '../metering/tokenizers/index.js';
+import { createCounters, encodingForModel, fetchContextWindow, MODEL_PREFIXES } from '../metering/tokenizers/index.js';
 import type { TokenCache } from '../metering/token-cache.js';
 
 const WINDOW_REFRESH_MS = 60_000;
@@ -45,4 +46,24 @@ export function gatewayCounters(config: Config, clock: () => number): Counters {
       }
     },
   };
+}
+
+/**
+ * The tiktoken encodings that requests to the configured OpenAI-kind upstreams can need: the
+ * encoding of each model family (a name prefix, `gpt-4o`) whose models route to such an upstream,
+ * and of each exact model name configured for one. Loaded at start (server/main.ts), so the first
+ * request of a family does not wait half a second for its encoding.
+ */
+export function encodingsServed(upstreams: UpstreamRegistry): TiktokenEncoding[] {
+  const openai = (u: Upstream | null) => u !== null && u.config.kind === 'openai';
+  const out = new Set<TiktokenEncoding>();
+  for (const [prefix, encoding] of MODEL_PREFIXES) {
+    // A few names of the family: `gpt-4o*` routes `gpt-4o-mini` though not `gpt-4o` itself.
+    if ([prefix, `${prefix}x`, `${prefix}-x`].some((name) => openai(upstreams.route(name)))) out.add(encoding);
+  }
+  for (const { model, upstream } of upstreams.namedModels()) {
+    const encoding = openai(upstream) ? encodingForModel(model) : null;
+    if (encoding !== null) out.add(encoding);
+  }
+  return [...out];
 }

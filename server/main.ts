@@ -44,7 +44,7 @@ async function main(): Promise<void> {
   }
 
   // The price overrides file is read while the app is built: a bad one is a config problem too.
-  const app = await buildApp({ config }).catch((err: unknown) => {
+  const app = await buildApp({ config, loadTokenizers: true }).catch((err: unknown) => {
     exitIfConfigProblem(err);
     throw err;
   });

@@ -93,6 +93,11 @@ export function getEncoder(encoding: TiktokenEncoding): Tiktoken {
   return enc;
 }
 
+/** Loads each encoding now, so that no request pays for it (o200k_base takes ~0.5 s to load). */
+export function loadEncoders(encodings: Iterable<TiktokenEncoding>): void {
+  for (const e of encodings) getEncoder(e);
+}
+
 export interface PieceCount {
   tokens: number;
   /** True when a long run was cut: `tokens` is then an upper bound, not exact. */

@@ -12,7 +12,8 @@ import { CountPool } from './count-pool.js';
 export { CountPool, CountPoolError, type CountPoolStats } from './count-pool.js';
 export { ByteEstimateCounter, estimateTokens } from './byte-estimate.js';
 export { fetchContextWindow, LlamaCppCounter, LlamaCppCountError } from './llamacpp-counter.js';
-export { encodingForModel, TiktokenCounter } from './tiktoken-counter.js';
+export { encodingForModel, MODEL_PREFIXES, TiktokenCounter } from './tiktoken-counter.js';
+export { loadEncoders } from './bounded-encode.js';
 
 export interface UpstreamRef {
   kind: 'openai' | 'llamacpp';

@@ -17,7 +17,7 @@ import { countBounded, type PieceCount } from './bounded-encode.js';
 import type { CountPool } from './count-pool.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
-const PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [
+export const MODEL_PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [
   ['gpt-4o', 'o200k_base'],
   ['gpt-4.1', 'o200k_base'],
   ['gpt-4.5', 'o200k_base'],
@@ -41,7 +41,7 @@ const PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [
 export function encodingForModel(model: string): TiktokenEncoding | null {
   const slash = model.lastIndexOf('/');
   const name = (slash >= 0 ? model.slice(slash + 1) : model).toLowerCase();
-  for (const [prefix, encoding] of PREFIXES) if (name.startsWith(prefix)) return encoding;
+  for (const [prefix, encoding] of MODEL_PREFIXES) if (name.startsWith(prefix)) return encoding;
   return null;
 }
 

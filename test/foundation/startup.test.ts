@@ -97,10 +97,40 @@ t.test('no config: listens on TOLLGATE_PORT at 127.0.0.1 and /healthz answers', 
     .map((l) => JSON.parse(l) as { host: string; port: number; store: string });
   t.equal(listening.length, 1);
   t.match(listening[0], { host: '127.0.0.1', port, store: 'sqlite' });
+  t.notMatch(s.stdout(), /tokenizers loaded/, 'a llama.cpp upstream counts with its own tokenizer: no tiktoken to load');
 
   // 3. SIGTERM shuts down gracefully with exit code 0
   s.child.kill('SIGTERM');
   t.equal(await s.exited, 0);
+});
+
+t.test('the encodings an OpenAI upstream can need are loaded before the gateway listens', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const s = startConfigured(
+    t,
+    dir,
+    {
+      ...minimalConfig(dir, {}),
+      upstreams: [
+        { name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['*'] },
+        { name: 'openai', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['gpt-4o*'] },
+      ],
+    },
+    { TOLLGATE_PORT: String(port) },
+  );
+  await waitHealthy(`http://127.0.0.1:${port}`, s);
+  const lines = s
+    .stdout()
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as { msg: string; encodings?: string[]; ms?: number });
+  const loaded = lines.findIndex((l) => l.msg === 'tokenizers loaded');
+  t.ok(loaded >= 0, 'a start-up line says which encodings were loaded');
+  // gpt-4o* models use o200k_base only; every other model goes to llama.cpp, which counts itself.
+  t.same(lines[loaded]?.encodings, ['o200k_base']);
+  t.type(lines[loaded]?.ms, 'number');
+  t.ok(loaded < lines.findIndex((l) => l.msg === 'tollgate listening'), 'before listening');
 });
 
 t.test('TOLLGATE_HOST=0.0.0.0 without auth.keys is refused at start', async (t) => {
