@@ -204,8 +204,12 @@ export interface Ledger {
   // Conversation state.
   getHead(conversation: string): Promise<ConversationHead | null>;
   putHead(head: ConversationHead): Promise<void>;
-  /** Most recent conversation of this key whose last message list hashes to one of `chain`. */
-  findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null>;
+  /**
+   * Most recent conversation of this key whose last message list hashes to one of `chain`; one
+   * whose list hashes to one of `preferred` (a subset of `chain`) wins over a more recent other.
+   * One look-up, so that the likely answer costs no extra round trip.
+   */
+  findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred?: string[]): Promise<string | null>;
   getRun(run: string): Promise<RunState | null>;
 
   // Money.

@@ -146,19 +146,18 @@ export class PostgresLedger implements Ledger {
   }
 
 
-  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
     if (chain.length === 0) return null;
+    const order = 'ORDER BY (last_hash = ANY($2::text[])) DESC, time DESC LIMIT 1';
     const { rows } =
       keyId === null
         ? await this.pool.query<{ conversation: string }>(
-            `SELECT conversation FROM heads WHERE tenant = $1 AND last_hash = ANY($2::text[])
-             ORDER BY time DESC LIMIT 1`,
-            [tenant, chain],
+            `SELECT conversation FROM heads WHERE tenant = $3 AND last_hash = ANY($1::text[]) ${order}`,
+            [chain, preferred, tenant],
           )
         : await this.pool.query<{ conversation: string }>(
-            `SELECT conversation FROM heads WHERE key_id = $1 AND tenant = $2 AND last_hash = ANY($3::text[])
-             ORDER BY time DESC LIMIT 1`,
-            [keyId, tenant, chain],
+            `SELECT conversation FROM heads WHERE key_id = $4 AND tenant = $3 AND last_hash = ANY($1::text[]) ${order}`,
+            [chain, preferred, tenant, keyId],
           );
     return rows[0]?.conversation ?? null;
   }

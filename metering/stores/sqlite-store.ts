@@ -348,12 +348,12 @@ export class SqliteLedger implements Ledger {
     });
   }
 
-  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
     if (chain.length === 0) return null;
-    const hashes = JSON.stringify(chain);
-    const hit = (keyId === null
-      ? this.q.findByTenantChain.get(tenant, hashes)
-      : this.q.findByKeyChain.get(keyId, tenant, hashes)) as { conversation: string } | undefined;
+    const args = { tenant, chain: JSON.stringify(chain), preferred: JSON.stringify(preferred) };
+    const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
+      | { conversation: string }
+      | undefined;
     return hit?.conversation ?? null;
   }
 

@@ -105,15 +105,12 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
   if (named) return { conversation: named, source: 'header' as const };
   if (chain.length > 0) {
     // The remembered earlier list is most likely the previous request's (or the one it grew from):
-    // ask for their heads first, then for any leading part of this one.
+    // a head ending there wins over a more recent one ending at another leading part of this one.
     const likely =
       remembered === null
-        ? null
-        : await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, [
-            chain[remembered.length - 1]!,
-            ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : []),
-          ]);
-    const found = likely ?? (await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain));
+        ? []
+        : [chain[remembered.length - 1]!, ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : [])];
+    const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain, likely);
     if (found) return { conversation: found, source: 'inferred' as const };
   }
   return { conversation: `conv-${uuidV7()}`, source: 'new' as const };
@@ -176,7 +173,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
   const { conversation, source } = await resolveConversation(gw, headers, principal, chain, remembered);
   const parent = header(headers, 'x-tollgate-parent');
-  const head = await gw.ledger.getHead(conversation);
+  // A new conversation's id was made just now: it has no head and no runs to read.
+  const head = source === 'new' ? null : await gw.ledger.getHead(conversation);
   // A conversation (or parent) named by another tenant is not this tenant's to spend in or read.
   for (const named of source === 'header' ? [conversation, parent] : [parent]) {
     if (!named) continue;
@@ -188,7 +186,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // A run's id starts with its conversation's, so a conversation's runs sit together in the
   // ledger's index (and a new conversation's id grows with time: ADR 0015).
   const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
-  const runState = messages ? await gw.ledger.getRun(run) : null;
+  const runState = messages && source !== 'new' ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const merged = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
   // Completions and embeddings are not research runs: no run token budget holds them (their size
