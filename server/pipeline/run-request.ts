@@ -19,7 +19,6 @@ import { sseData } from './sse.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
-import type { Principal } from '../auth.js';
 
 function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
   const h: Record<string, string | string[]> = {
@@ -47,16 +46,13 @@ function outputCounting(plan: Plan, counterMethod: string): OutputCounting {
   return plan.upstream.config.kind === 'llamacpp' ? 'chunk' : 'bytes';
 }
 
-function principalOf(request: FastifyRequest): Principal {
-  const p = (request as FastifyRequest & { principal?: Principal }).principal;
-  if (!p) throw new GatewayError('internal_error', 'request was not authenticated');
-  return p;
-}
-
 export async function handleProxy(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply): Promise<void> {
   const t0 = performance.now();
+  // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
   const valid = validateRequest(kind, request.body);
-  const plan = await planRequest(gw, valid, principalOf(request), request.headers);
+  const principal = await gw.auth.authenticate(request.headers.authorization);
+  request.principal = principal;
+  const plan = await planRequest(gw, valid, principal, request.headers);
   await admit(gw, plan);
 
   const m = gw.metrics;

@@ -63,6 +63,22 @@ t.test('no key → 401 missing_api_key; wrong key → 401 invalid_api_key; nothi
   t.equal(upstream.requests.length, 0, 'refused before any upstream call');
 });
 
+t.test("SPEC §2's order: a body of the wrong shape is a 400 naming the field, key or no key", async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const post = (body: unknown, headers: Record<string, string>) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  for (const headers of [{}, { authorization: 'Bearer tg-not-a-key' }]) {
+    const res = await post({ model: 'gpt-4o-mini', messages: 'hello' }, headers);
+    t.equal(res.status, 400);
+    const body = (await res.json()) as { error: { param: string | null; type: string } };
+    t.equal(body.error.param, 'messages');
+    t.equal(body.error.type, 'invalid_request_error');
+  }
+  // A well-formed body still needs a key.
+  t.equal((await post(chat, {})).status, 401);
+  t.equal(upstream.requests.length, 0);
+});
+
 t.test('right key → 200; the upstream sees its own key, never the client one', async (t) => {
   const { upstream, gw } = await withKeys(t);
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: KEY });
