@@ -78,7 +78,13 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
   return { ok: true };
 }
 
-/** The parent whose cap a request shares; a conversation naming itself has none. */
-export function effectiveParent(r: Reservation): string | null {
-  return r.parent !== null && r.parent !== r.conversation ? r.parent : null;
+/**
+ * The parent whose cap a request shares. A conversation's first parent is its parent for good
+ * (`stored`): a later request that names another, or none, still draws on it — otherwise a child
+ * could leave its parent's cap by dropping the header (SPEC §6: no child conversation can raise
+ * a limit). A conversation naming itself has none.
+ */
+export function effectiveParent(r: Reservation, stored: string | null = null): string | null {
+  const parent = stored ?? r.parent;
+  return parent !== null && parent !== r.conversation ? parent : null;
 }

@@ -26,21 +26,26 @@ const SETTLE_ROW = `UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c, i) => `$
 
 interface ConversationRecord extends MoneyScopeState {
   id: string;
+  parent: string | null;
 }
 
 export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResult> {
-  const parent = effectiveParent(r);
-  const convIds = parent === null ? [r.conversation] : [r.conversation, parent].sort();
-  // 1. Make sure every row exists, in one round trip (no locks taken on rows that already exist).
-  await c.query(
+  const named = effectiveParent(r);
+  // 1. Make sure every row exists, in one round trip (no locks taken on rows that already exist),
+  // and read the parent the conversation already has: that one holds, whatever the request names.
+  const existing = await c.query<{ parent: string | null }>(
     `WITH conv AS (
        INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id ON CONFLICT (id) DO NOTHING
      ), run AS (
        INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
+     ), mon AS (
+       INSERT INTO tenant_months (tenant, month) VALUES ($2, $7) ON CONFLICT DO NOTHING
      )
-     INSERT INTO tenant_months (tenant, month) VALUES ($2, $7) ON CONFLICT DO NOTHING`,
-    [convIds, r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month],
+     SELECT parent FROM conversations WHERE id = $4`,
+    [named === null ? [r.conversation] : [r.conversation, named], r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month],
   );
+  const parent = effectiveParent(r, existing.rows[0]?.parent ?? null);
+  const convIds = parent === null ? [r.conversation] : [r.conversation, parent].sort();
   // 2. Lock in a fixed order: run, conversations by id, tenant month. The tenant month is the row
   // every request of a tenant queues on, so it is locked last and held for two round trips only:
   // the writes (one statement) and the commit.
@@ -49,11 +54,18 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     [r.run],
   );
   const convs = await c.query<ConversationRecord>(
-    `SELECT id, cap_usd AS "capUsd", spent_usd AS "spentUsd", tasks_usd AS "tasksUsd",
+    `SELECT id, parent, cap_usd AS "capUsd", spent_usd AS "spentUsd", tasks_usd AS "tasksUsd",
        reserved_usd AS "reservedUsd"
      FROM conversations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
     [convIds],
   );
+  // Two first requests of one conversation naming different parents, at the same moment on two
+  // replicas: the other one set its parent between the read above and the lock. Refuse rather
+  // than check the wrong cap; the client's retry sees the parent that holds.
+  const locked = convs.rows.find((x) => x.id === r.conversation)?.parent ?? null;
+  if (effectiveParent(r, locked) !== parent) {
+    throw new Error(`conversation ${r.conversation} was given parent ${locked} by a concurrent request; retry`);
+  }
   // Claim an unowned conversation (a cap set before its first request), as SQLite does even when
   // the request is refused.
   await c.query(

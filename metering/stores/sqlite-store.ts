@@ -235,8 +235,10 @@ export class SqliteLedger implements Ledger {
   }
 
   private admitLocked(r: Reservation): AdmitResult {
-    const parent = effectiveParent(r);
-    this.q.claimConversation.run({ id: r.conversation, tenant: r.tenant, parent });
+    // The claim keeps a parent set before; the conversation's own row then says which one holds.
+    this.q.claimConversation.run({ id: r.conversation, tenant: r.tenant, parent: effectiveParent(r) });
+    const own = this.money(r.conversation)!;
+    const parent = effectiveParent(r, own.parent);
     if (parent !== null) this.q.ensureConversation.run({ id: parent, tenant: r.tenant });
     this.q.ensureRun.run({
       id: r.run,
@@ -252,7 +254,7 @@ export class SqliteLedger implements Ledger {
     const verdict = checkAdmission(r, {
       budgetTokens: run.budget_tokens,
       usedTokens: run.used_tokens,
-      conversation: this.money(r.conversation) ?? NO_MONEY,
+      conversation: own,
       parent: parent === null ? null : (this.money(parent) ?? NO_MONEY),
       monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null,
       month: { spentUsd: month?.spent_usd ?? 0, reservedUsd: month?.reserved_usd ?? 0 },

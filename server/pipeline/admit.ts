@@ -8,6 +8,7 @@ import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, type LimitScope } from '../../pricing/cheaper-models.js';
 import type { Plan } from './plan.js';
+import { conversationAndParent } from './budgets.js';
 
 export function reservationOf(plan: Plan): Reservation {
   return {
@@ -52,11 +53,7 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
 
 /** Does any money limit apply to this request? (An unpriced metered model is then refused.) */
 async function moneyLimitApplies(gw: Gateway, plan: Plan): Promise<boolean> {
-  const [conv, parent, tenant] = await Promise.all([
-    gw.ledger.conversationSpend(plan.conversation),
-    plan.parent ? gw.ledger.conversationSpend(plan.parent) : Promise.resolve(null),
-    gw.ledger.getTenant(plan.principal.tenant),
-  ]);
+  const [{ conv, parent }, tenant] = await Promise.all([conversationAndParent(gw, plan), gw.ledger.getTenant(plan.principal.tenant)]);
   return conv?.capUsd != null || parent?.capUsd != null || tenant?.monthlyBudgetUsd != null;
 }
 

@@ -20,10 +20,20 @@ function moneyView(limit: number | null, committed: number): MoneyView | null {
   return { limit_usd: limit, spent_usd: round(committed), remaining_usd: round(Math.max(0, limit - committed)) };
 }
 
+/**
+ * The conversation's spend and its parent's: the parent it already has holds over the one the
+ * request names, as in the store's admission (metering/stores/admission-check.ts).
+ */
+export async function conversationAndParent(gw: Gateway, plan: Plan) {
+  const conv = await gw.ledger.conversationSpend(plan.conversation);
+  const id = conv?.parent ?? plan.parent;
+  const parentId = id !== null && id !== plan.conversation ? id : null;
+  return { conv, parentId, parent: parentId === null ? null : await gw.ledger.conversationSpend(parentId) };
+}
+
 export async function budgetsOf(gw: Gateway, plan: Plan) {
-  const [conv, parent, tenant, month] = await Promise.all([
-    gw.ledger.conversationSpend(plan.conversation),
-    plan.parent ? gw.ledger.conversationSpend(plan.parent) : Promise.resolve(null),
+  const [{ conv, parentId, parent }, tenant, month] = await Promise.all([
+    conversationAndParent(gw, plan),
     gw.ledger.getTenant(plan.principal.tenant),
     gw.ledger.tenantMonth(plan.principal.tenant, plan.month),
   ]);
@@ -38,7 +48,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     budgetTokens,
     usedTokens: plan.runState?.usedTokens ?? 0,
     conversation: scope(conv),
-    parent: plan.parent ? scope(parent) : null,
+    parent: parentId !== null ? scope(parent) : null,
     monthlyBudgetUsd: tenant?.monthlyBudgetUsd ?? null,
     month,
   };

@@ -109,4 +109,17 @@ t.test('a child sent while its parent is past its cap does not start', async (t)
   // 5. A client cannot lift the cap: the operator API refuses a client key.
   t.equal((await call(gw.url, 'PUT', '/admin/conversations/lead/cap', { authorization: `Bearer ${ALICE}` }, { cap_usd: null })).status, 403);
   t.equal((await chat(gw, ALICE, small('gpt-4o-mini'), { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'lead' })).status, 402);
+  // 6. Nor can the child leave its parent: without the header, or naming another parent, the
+  // parent it had still holds, and /v1/admission says the same.
+  const admissionOf = async (headers: Record<string, string>) =>
+    (await call(gw.url, 'POST', '/v1/admission', { authorization: `Bearer ${ALICE}`, ...headers }, { endpoint: '/v1/chat/completions', request: small('gpt-4o-mini') })).body;
+  for (const headers of [{ 'x-tollgate-conversation': 'helper' }, { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'elsewhere' }]) {
+    const escape = await chat(gw, ALICE, small('gpt-4o-mini'), headers);
+    t.equal(escape.status, 402, JSON.stringify(headers));
+    t.equal((escape.body as unknown as ErrorBody).error.scope, 'parent');
+    const plan = await admissionOf(headers);
+    t.match(plan.verdict, { admit: false, status: 402 });
+    t.match(plan.budgets, { parent: { limit_usd: 0.25 } });
+  }
+  t.equal(metered.requests.length, seen, 'no escape reached the provider');
 });
