@@ -11,6 +11,7 @@ import { initMetrics } from './metrics.js';
 import { UpstreamRegistry } from './upstreams.js';
 import { Authenticator } from './auth.js';
 import { encodingsServed, gatewayCounters } from './counters.js';
+import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { PriceTable } from '../pricing/price-table.js';
@@ -94,15 +95,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
         }, sweepEvery)
       : null;
   sweep?.unref();
-  for (const key of config.auth.keys) {
-    const existing = await ledger.getTenant(key.tenant);
-    if (!existing || (existing.monthlyBudgetUsd === null && key.monthlyBudgetUsd !== null)) {
-      await ledger.upsertTenant({ id: key.tenant, monthlyBudgetUsd: key.monthlyBudgetUsd ?? existing?.monthlyBudgetUsd ?? null });
-    }
-  }
-  for (const t of config.tenants) {
-    if (!(await ledger.getTenant(t.id))) await ledger.upsertTenant({ id: t.id, monthlyBudgetUsd: t.monthlyBudgetUsd });
-  }
+  await applyConfiguredTenants(ledger, config, app.log);
 
   const upstreams = new UpstreamRegistry(config, env, opts.dispatcherFor);
   if (opts.loadTokenizers) {

@@ -7,6 +7,9 @@ import type { Config, KeyConfig, RunBoundsConfig } from './config.js';
 import type { Ledger } from '../metering/ledger.js';
 import { GatewayError } from './errors.js';
 
+/** Every request's tenant when no keys are configured (SPEC §8). */
+export const OPEN_TENANT = 'local';
+
 export interface Principal {
   tenant: string;
   keyId: string | null;
@@ -53,7 +56,7 @@ export class Authenticator {
       const stored = await this.ledger.findKeyByHash(hash);
       if (stored) return { tenant: stored.tenant, keyId: stored.id, runs: {} };
     }
-    if (this.open) return { tenant: 'local', keyId: null, runs: {} };
+    if (this.open) return { tenant: OPEN_TENANT, keyId: null, runs: {} };
     if (!token) throw new GatewayError('missing_api_key', 'missing API key: send "Authorization: Bearer tg-…"');
     throw new GatewayError('invalid_api_key', 'invalid API key');
   }
