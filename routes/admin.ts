@@ -6,6 +6,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import type { FastifyPluginAsync } from 'fastify';
 import { requireAdmin } from '../server/auth-hooks.js';
 import { hashKey } from '../server/auth.js';
+import { roundUsd } from '../pricing/model-price.js';
 import { GatewayError } from '../server/errors.js';
 import { monthOf } from '../server/pipeline/plan.js';
 import { spendView } from './spend.js';
@@ -111,10 +112,11 @@ const route: FastifyPluginAsync = async (app) => {
     return {
       tenant: tenant.id,
       month,
-      spent_usd: m.spentUsd,
-      reserved_usd: m.reservedUsd,
+      // Sums of many turns: rounded like each turn, so no float dust shows (0.000945, not 0.0009450000000000001).
+      spent_usd: roundUsd(m.spentUsd),
+      reserved_usd: roundUsd(m.reservedUsd),
       monthly_budget_usd: tenant.monthlyBudgetUsd,
-      remaining_usd: tenant.monthlyBudgetUsd === null ? null : Math.max(0, tenant.monthlyBudgetUsd - m.spentUsd - m.reservedUsd),
+      remaining_usd: tenant.monthlyBudgetUsd === null ? null : roundUsd(Math.max(0, tenant.monthlyBudgetUsd - m.spentUsd - m.reservedUsd)),
     };
   });
 

@@ -5,17 +5,19 @@ import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import type { ConversationSpend } from '../metering/ledger.js';
+import { roundUsd } from '../pricing/model-price.js';
 
+/** A conversation's spend as the API shows it: sums of many turns, rounded like each turn (1e-10 USD). */
 export function spendView(s: ConversationSpend) {
   const byModel: Record<string, { turns: number; spent_usd: number }> = {};
-  for (const [model, v] of Object.entries(s.byModel)) byModel[model] = { turns: v.turns, spent_usd: v.spentUsd };
+  for (const [model, v] of Object.entries(s.byModel)) byModel[model] = { turns: v.turns, spent_usd: roundUsd(v.spentUsd) };
   return {
     conversation: s.conversation,
-    spent_usd: s.spentUsd,
-    saved_usd: s.savedUsd,
+    spent_usd: roundUsd(s.spentUsd),
+    saved_usd: roundUsd(s.savedUsd),
     plan_turns: s.planTurns,
-    plan_work_usd: s.planWorkUsd,
-    tasks_usd: s.tasksUsd,
+    plan_work_usd: roundUsd(s.planWorkUsd),
+    tasks_usd: roundUsd(s.tasksUsd),
     turns: s.turns,
     cap_usd: s.capUsd,
     by_model: byModel,

@@ -5,6 +5,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import t from 'tap';
 import { ADMIN, ALICE, call, chat, moneyWorld } from './money-fixture.js';
+import { reservation, settlement } from '../helpers/stores.js';
 
 const ask = { model: 'llama-local', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5 };
 
@@ -121,4 +122,20 @@ t.test('posting a tenant again changes only what the body says', async (t) => {
   const lifted = await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'erin', monthly_budget_usd: null });
   t.same(lifted.body, { id: 'erin', monthly_budget_usd: null }, 'an explicit null lifts it');
   t.equal((await call(gw.url, 'GET', '/admin/tenants/erin/spend', ADMIN)).body.monthly_budget_usd, null);
+});
+
+t.test('spend views show sums rounded like each turn, with no float dust', async (t) => {
+  const { gw } = await moneyWorld(t);
+  // Two turns of $0.1 and $0.2 add up to 0.30000000000000004 in floating point.
+  for (const [i, cost] of [0.1, 0.2].entries()) {
+    const r = reservation({ tenant: 'alice', conversation: 'dust', run: 'dust-run', month: '2025-06', time: Date.UTC(2025, 5, 10) + i });
+    t.same(await gw.ledger.admit(r), { ok: true });
+    await gw.ledger.settle(r.id, settlement(r, 10, { costUsd: cost }));
+  }
+  const month = await call(gw.url, 'GET', '/admin/tenants/alice/spend?month=2025-06', ADMIN);
+  t.equal(month.body.spent_usd, 0.3);
+  const conversation = await call(gw.url, 'GET', '/v1/conversations/dust/spend', { authorization: `Bearer ${ALICE}` });
+  t.equal(conversation.body.spent_usd, 0.3);
+  t.same(conversation.body.by_model, { 'gpt-4o-mini': { turns: 2, spent_usd: 0.3 } });
+  t.equal((await call(gw.url, 'GET', '/admin/conversations/dust/spend', ADMIN)).body.spent_usd, 0.3);
 });
