@@ -67,7 +67,8 @@ t.test("SPEC §2's order: a body of the wrong shape is a 400 naming the field, k
   const { upstream, gw } = await withKeys(t);
   const post = (body: unknown, headers: Record<string, string>) =>
     fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
-  for (const headers of [{}, { authorization: 'Bearer tg-not-a-key' }]) {
+  const senders: Array<Record<string, string>> = [{}, { authorization: 'Bearer tg-not-a-key' }];
+  for (const headers of senders) {
     const res = await post({ model: 'gpt-4o-mini', messages: 'hello' }, headers);
     t.equal(res.status, 400);
     const body = (await res.json()) as { error: { param: string | null; type: string } };

@@ -113,7 +113,8 @@ t.test('a child sent while its parent is past its cap does not start', async (t)
   // parent it had still holds, and /v1/admission says the same.
   const admissionOf = async (headers: Record<string, string>) =>
     (await call(gw.url, 'POST', '/v1/admission', { authorization: `Bearer ${ALICE}`, ...headers }, { endpoint: '/v1/chat/completions', request: small('gpt-4o-mini') })).body;
-  for (const headers of [{ 'x-tollgate-conversation': 'helper' }, { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'elsewhere' }]) {
+  const escapes: Array<Record<string, string>> = [{ 'x-tollgate-conversation': 'helper' }, { 'x-tollgate-conversation': 'helper', 'x-tollgate-parent': 'elsewhere' }];
+  for (const headers of escapes) {
     const escape = await chat(gw, ALICE, small('gpt-4o-mini'), headers);
     t.equal(escape.status, 402, JSON.stringify(headers));
     t.equal((escape.body as unknown as ErrorBody).error.scope, 'parent');
