@@ -13,6 +13,9 @@ function isObj(v: unknown): v is Obj {
 
 export class Reader {
   private readonly value: Obj;
+  /** Fields asked for (present or not): what this object may hold. */
+  private readonly known = new Set<string>();
+  private readonly children: Reader[] = [];
 
   constructor(
     value: unknown,
@@ -32,7 +35,24 @@ export class Reader {
   }
 
   has(key: string): boolean {
-    return this.value[key] !== undefined;
+    return this.peek(key) !== undefined;
+  }
+
+  private peek(key: string): unknown {
+    this.known.add(key);
+    return this.value[key];
+  }
+
+  /**
+   * Fails on the first field, here or in any object or list read through this reader, that no
+   * reader asked for: a typo (`monthlyBudget` for `monthlyBudgetUsd`) must not pass as "no budget".
+   * Call once everything has been read.
+   */
+  rejectUnknown(): void {
+    for (const k of Object.keys(this.value)) {
+      if (!this.known.has(k)) this.fail(k, `unknown field (expected one of ${[...this.known].join(', ')})`);
+    }
+    for (const child of this.children) child.rejectUnknown();
   }
 
   allowOnly(keys: string[]): void {
@@ -42,7 +62,7 @@ export class Reader {
   }
 
   private get(key: string, fallback: unknown): unknown {
-    const v = this.value[key];
+    const v = this.peek(key);
     if (v === undefined) {
       if (fallback === undefined) this.fail(key, 'is required');
       return fallback;
@@ -51,8 +71,13 @@ export class Reader {
   }
 
   obj(key: string): Reader {
-    const v = this.value[key];
-    return new Reader(v === undefined ? {} : v, this.at(key));
+    const v = this.peek(key);
+    return this.child(new Reader(v === undefined ? {} : v, this.at(key)));
+  }
+
+  private child(r: Reader): Reader {
+    this.children.push(r);
+    return r;
   }
 
   str(key: string, fallback: string | undefined): string | undefined {
@@ -62,7 +87,7 @@ export class Reader {
   }
 
   strOrNull(key: string, fallback: string | null): string | null | undefined {
-    const v = this.value[key] === undefined ? fallback : this.value[key];
+    const v = this.peek(key) === undefined ? fallback : this.value[key];
     if (v === null) return null;
     if (typeof v !== 'string' || v.length === 0) this.fail(key, 'must be a non-empty string or null');
     return v as string;
@@ -90,7 +115,7 @@ export class Reader {
   }
 
   int(key: string, fallback: number | undefined, min: number, max: number): number | undefined {
-    const v = this.value[key] === undefined ? fallback : this.value[key];
+    const v = this.peek(key) === undefined ? fallback : this.value[key];
     if (v === undefined) return undefined;
     if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) {
       this.fail(key, `must be an integer from ${min} to ${max}`);
@@ -99,12 +124,12 @@ export class Reader {
   }
 
   intOrNull(key: string, fallback: number | null | undefined, min: number, max: number): number | null | undefined {
-    if (this.value[key] === null) return null;
+    if (this.peek(key) === null) return null;
     return this.int(key, fallback ?? undefined, min, max) ?? (fallback === null ? null : undefined);
   }
 
   numOrNull(key: string, fallback: number | null, min: number): number | null | undefined {
-    const v = this.value[key] === undefined ? fallback : this.value[key];
+    const v = this.peek(key) === undefined ? fallback : this.value[key];
     if (v === null) return null;
     if (typeof v !== 'number' || !Number.isFinite(v) || v < min) this.fail(key, `must be a number ≥ ${min} or null`);
     return v as number;
@@ -130,6 +155,6 @@ export class Reader {
   list<T>(key: string, fallback: unknown[] | undefined, each: (r: Reader) => T): T[] {
     const v = this.get(key, fallback);
     if (!Array.isArray(v)) this.fail(key, 'must be a list');
-    return (v as unknown[]).map((item, i) => each(new Reader(item, `${this.at(key)}[${i}]`)));
+    return (v as unknown[]).map((item, i) => each(this.child(new Reader(item, `${this.at(key)}[${i}]`))));
   }
 }

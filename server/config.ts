@@ -214,10 +214,32 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
       prefixMemoBytes: tokenCache.int('prefixMemoBytes', DEFAULT_PREFIX_MEMO_BYTES, 0, 1 << 30)!,
     },
   };
+  root.rejectUnknown();
+  checkAnswerReserves(root, config);
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');
   }
   return deepFreeze(config);
+}
+
+/**
+ * The answer's reserve comes out of the run's token budget, so it must be smaller — in the config's
+ * `runs` and in every tenant's and key's bounds as they combine with it. Otherwise every tool turn
+ * of every run would start in final-answer mode.
+ */
+function checkAnswerReserves(root: Reader, config: Config): void {
+  const check = (path: string, ...layers: Array<Partial<RunBoundsConfig> | undefined>) => {
+    const b = Object.assign({}, ...layers) as Partial<RunBoundsConfig>;
+    if (typeof b.tokenBudget === 'number' && typeof b.answerReserveTokens === 'number' && b.answerReserveTokens >= b.tokenBudget) {
+      root.fail(
+        `${path}.answerReserveTokens`,
+        `${b.answerReserveTokens} must be less than the run token budget it applies with (${b.tokenBudget}): the answer is reserved out of that budget`,
+      );
+    }
+  };
+  check('runs', config.runs);
+  config.tenants.forEach((t, i) => check(`tenants[${i}].runs`, config.runs, t.runs));
+  config.auth.keys.forEach((k, i) => check(`auth.keys[${i}].runs`, config.runs, config.tenants.find((t) => t.id === k.tenant)?.runs, k.runs));
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {

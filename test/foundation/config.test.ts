@@ -39,6 +39,35 @@ t.test('errors name the bad field', async (t) => {
   t.match(configError({ upstreams: [{ kind: 'openai', baseUrl: 'http://x' }] }), /^upstreams\[0\]\.name: is required/);
 });
 
+t.test('a misspelt field at any depth is an error, not a silent default', async (t) => {
+  const keys = (k: Record<string, unknown>) => ({ upstreams: [upstream()], auth: { keys: [{ key: 'tg-a', tenant: 'a', ...k }] } });
+  // The money case: `monthlyBudget` for `monthlyBudgetUsd` would otherwise mean no budget at all.
+  t.match(configError(keys({ monthlyBudget: 1 })), /^auth\.keys\[0\]\.monthlyBudget: unknown field \(expected one of .*monthlyBudgetUsd/);
+  t.match(configError({ upstreams: [upstream({ contextwindow: 8192 })] }), /^upstreams\[0\]\.contextwindow: unknown field \(expected one of .*contextWindow/);
+  t.match(configError({ upstreams: [upstream()], limits: { maxRow: 10 } }), /^limits\.maxRow: unknown field/);
+  t.match(configError({ upstreams: [upstream()], defaults: { maxToken: 10 } }), /^defaults\.maxToken: unknown field/);
+  t.match(configError({ upstreams: [upstream()], runs: { maxToolRound: 3 } }), /^runs\.maxToolRound: unknown field/);
+  t.match(configError({ upstreams: [upstream()], prices: { override: 'p.json' } }), /^prices\.override: unknown field/);
+  t.match(configError({ upstreams: [upstream()], metrics: { tokn: 'x' } }), /^metrics\.tokn: unknown field/);
+  t.match(configError({ upstreams: [upstream()], store: { kind: 'sqlite', url: 'postgres://x' } }), /^store\.url: unknown field/, 'a field of the other store kind');
+  t.match(configError({ upstreams: [upstream()], tenants: [{ id: 't', runs: { writeTools: ['w'] } }] }), /^tenants\[0\]\.runs\.writeTools: unknown field/, 'write tools are set once, for every run');
+  t.match(configError(keys({ runs: { patienc: 2 } })), /^auth\.keys\[0\]\.runs\.patienc: unknown field/);
+});
+
+t.test("the answer's reserve must be smaller than the token budget it is taken from", async (t) => {
+  const base = { upstreams: [upstream()] };
+  t.match(configError({ ...base, runs: { tokenBudget: 2000, answerReserveTokens: 5000 } }), /^runs\.answerReserveTokens: 5000 must be less than the run token budget it applies with \(2000\)/);
+  // A tenant's budget under the global reserve of 1,024, and a key's reserve over its tenant's budget.
+  t.match(configError({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }] }), /^tenants\[0\]\.runs\.answerReserveTokens: 1024 must be less than .* \(1000\)/);
+  t.match(
+    configError({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 4000 } }], auth: { keys: [{ key: 'tg-k', tenant: 't', runs: { answerReserveTokens: 4000 } }] } }),
+    /^auth\.keys\[0\]\.runs\.answerReserveTokens: 4000 must be less than .* \(4000\)/,
+  );
+  // A budget turned off (null) leaves nothing to compare; a smaller reserve is fine.
+  t.doesNotThrow(() => parseConfig({ ...base, runs: { tokenBudget: null, answerReserveTokens: 5000 } }, {}));
+  t.doesNotThrow(() => parseConfig({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000, answerReserveTokens: 200 } }] }, {}));
+});
+
 t.test('defaults', async (t) => {
   const c = parseConfig({ upstreams: [upstream()] }, {});
   t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
