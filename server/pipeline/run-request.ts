@@ -50,6 +50,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const t0 = performance.now();
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
   const valid = validateRequest(kind, request.body);
+  request.routed = { model: valid.model, upstream: gw.upstreams.route(valid.model)?.name ?? null };
   const principal = await gw.auth.authenticate(request.headers.authorization);
   request.principal = principal;
   const plan = await planRequest(gw, valid, principal, request.headers);

@@ -96,8 +96,11 @@ t.test("exactly one 'request settled' line per request, with the figures", async
   t.equal(await sdkStatus(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: PROMPT }] })), 404);
   const refused = gw.lines().filter((l) => l.msg === 'request refused');
   t.equal(refused.length, 1);
-  t.match(refused[0], { route: 'chat', status: 404, code: 'model_not_found', tenant: 'acme' });
+  t.match(refused[0], { route: 'chat', status: 404, code: 'model_not_found', tenant: 'acme', model: 'no-such-model', upstream: null });
   t.equal(gw.lines().filter((l) => l.msg === 'request settled').length, before + 1, 'and no settled line');
+  // 4. a refusal of a model that routes names the model and its upstream (the window is 128,000)
+  t.equal(await sdkStatus(client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }], max_tokens: 200_000 })), 413);
+  t.match(gw.lines().filter((l) => l.msg === 'request refused').at(-1), { status: 413, code: 'context_window_exceeded', model: 'gpt-4o', upstream: 'openai' });
 });
 
 t.test('neither the key nor the prompt text appears anywhere in the log, even at trace level', async (t) => {
