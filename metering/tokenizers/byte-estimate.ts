@@ -6,8 +6,11 @@ import type { ChatCount, ChatPrompt, CountMethod, TextCount, TokenCounter } from
 const PER_MESSAGE = 3;
 const REPLY_PRIMING = 3;
 
+/** Bytes per estimated token; a byte-level tokenizer can need up to one token per byte. */
+export const BYTES_PER_ESTIMATED_TOKEN = 4;
+
 export function estimateTokens(text: string): number {
-  return Math.ceil(Buffer.byteLength(text, 'utf8') / 4);
+  return Math.ceil(Buffer.byteLength(text, 'utf8') / BYTES_PER_ESTIMATED_TOKEN);
 }
 
 export class ByteEstimateCounter implements TokenCounter {

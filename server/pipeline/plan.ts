@@ -20,6 +20,7 @@ import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
+import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 
 export interface Headers {
   [name: string]: string | string[] | undefined;
@@ -265,7 +266,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
 
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
   const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
-  const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: rows.sumTokens, allowance: rows.allowance }) : null;
+  // The byte estimate is no bound (a prompt may hold a token per byte, four times the estimate):
+  // money is reserved for that, so a cap holds whatever the model's tokenizer turns out to be.
+  const worstPrompt = rows.countMethod === 'estimate:bytes' ? rows.sumTokens * BYTES_PER_ESTIMATED_TOKEN : rows.sumTokens;
+  const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance }) : null;
 
   return {
     id: `req-${uuidV7()}`,
