@@ -9,7 +9,7 @@ for (const factory of storeFactories(t)) {
     await store.ledger.setConversationCap('parent', 'acme', 10);
     const now = Date.UTC(2025, 5, 10, 13, 0, 0);
     // 1. Three requests: two left open by a "crash" long ago, one still in flight, one settled.
-    const old1 = reservation({ run: 'rr', time: now - 600_000, worstCaseUsd: 0.5, parent: 'parent' });
+    const old1 = reservation({ run: 'rr', time: now - 600_000, worstCaseUsd: 0.5, conversation: 'child', parent: 'parent' });
     const old2 = reservation({ run: 'rr', time: now - 300_000, worstCaseUsd: null, allowance: 70 });
     const fresh = reservation({ run: 'rr', time: now - 1_000, worstCaseUsd: 0.25 });
     const done = reservation({ run: 'rr', time: now - 900_000, worstCaseUsd: 0.1 });
