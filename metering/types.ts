@@ -85,4 +85,9 @@ export interface TokenCounter {
   countText(text: string, signal?: AbortSignal): Promise<TextCount>;
   /** Output text as generated (used to meter streamed output when the provider gives no usage). */
   countOutput(text: string): number;
+  /**
+   * A counter that counts more exactly, at more cost, where this one gives upper bounds (tiktoken:
+   * long runs without spaces); asked for only before refusing a request on an upper bound.
+   */
+  exactly?(): TokenCounter;
 }

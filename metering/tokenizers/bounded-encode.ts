@@ -39,6 +39,14 @@ export const RUN_WORK_BUDGET = 8_192;
  */
 export const EXACT_RUN_BUDGET = 65_536;
 
+/**
+ * The same, for a second count made only before refusing a request for its size on an upper bound
+ * (server/pipeline/plan.ts): a large minified JSON tool result must not be refused for a bound when
+ * its exact count fits. Still linear (such runs are many short pre-tokens), and done in a worker for
+ * any large text, so the event loop is not stalled; ~2 MB/s of dense text.
+ */
+export const EXACT_RECOUNT_BUDGET = 1 << 20;
+
 // A run longer than MAX_PIECE. Ordinary prose never has one, so its counts stay exact.
 // Written as lookahead + backreference (an atomic group) rather than `\S{257,}`: V8 backtracks a
 // greedy counted quantifier position by position, which made a 1 MB run take ~200 ms and a 4 MB
@@ -64,7 +72,7 @@ interface LongRuns {
   benign: boolean;
 }
 
-function longRuns(text: string): LongRuns {
+function longRuns(text: string, exactRunBudget: number): LongRuns {
   const runs: LongRuns['runs'] = [];
   let benign = true;
   let chars = 0;
@@ -75,7 +83,7 @@ function longRuns(text: string): LongRuns {
     if (!benign) continue;
     chars += run.length;
     // The letter and symbol scans run only while within the budget: their work stays bounded.
-    benign = chars <= EXACT_RUN_BUDGET && m[2] === undefined && !LONG_LETTERS.test(run) && !LONG_OTHERS.test(run);
+    benign = chars <= exactRunBudget && m[2] === undefined && !LONG_LETTERS.test(run) && !LONG_OTHERS.test(run);
   }
   return { runs, benign };
 }
@@ -145,11 +153,11 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
  * Token count of `text` as user text (`encode_ordinary`: special-token text such as
  * `<|endoftext|>` is plain text here, never a control token and never an exception).
  */
-export function countBounded(encoding: TiktokenEncoding, text: string): PieceCount {
+export function countBounded(encoding: TiktokenEncoding, text: string, exactRunBudget = EXACT_RUN_BUDGET): PieceCount {
   if (text.length === 0) return { tokens: 0, split: false };
   const enc = getEncoder(encoding);
   if (text.length <= MAX_PIECE) return { tokens: countOrdinary(enc, text), split: false };
-  const { runs, benign } = longRuns(text);
+  const { runs, benign } = longRuns(text, exactRunBudget);
   if (benign) return { tokens: countOrdinary(enc, text), split: false };
 
   let tokens = 0;

@@ -13,7 +13,7 @@ import type {
 } from '../types.js';
 import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
 import { messageDigest } from '../message-digest.js';
-import { countBounded, type PieceCount } from './bounded-encode.js';
+import { countBounded, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, type PieceCount } from './bounded-encode.js';
 import type { CountPool } from './count-pool.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
@@ -81,6 +81,8 @@ export interface TiktokenCounterOptions {
   pool?: CountPool;
   /** UTF-8 bytes counted inline per event-loop turn before work goes to the pool (default 16 KiB). */
   inlineBytes?: number;
+  /** Characters of long runs counted exactly per text (bounded-encode.ts; default EXACT_RUN_BUDGET). */
+  exactRunBudget?: number;
 }
 
 /** 16 KiB of prose takes ~3 ms to encode: the most one turn of the event loop spends inline. */
@@ -130,6 +132,8 @@ export class TiktokenCounter implements TokenCounter {
   private readonly pool: CountPool | null;
   private readonly inlineBytes: number;
   private readonly counts: TiktokenCounterStats = { inline: 0, pooled: 0 };
+  private readonly exactRunBudget: number;
+  private thorough: TiktokenCounter | null = null;
 
   constructor(encoding: TiktokenEncoding, opts: TiktokenCounterOptions = {}) {
     this.encoding = encoding;
@@ -137,6 +141,22 @@ export class TiktokenCounter implements TokenCounter {
     this.cache = opts.cache ?? sharedTokenCache;
     this.pool = opts.pool ?? null;
     this.inlineBytes = opts.inlineBytes ?? DEFAULT_INLINE_BYTES;
+    this.exactRunBudget = opts.exactRunBudget ?? EXACT_RUN_BUDGET;
+  }
+
+  /**
+   * The same counter with a far larger budget for exact long runs (EXACT_RECOUNT_BUDGET), for a
+   * second look before a request is refused on an upper bound. It shares the cache: an exact count
+   * it makes serves later turns too, and upper bounds cached before are counted again.
+   */
+  exactly(): TiktokenCounter {
+    this.thorough ??= new TiktokenCounter(this.encoding, { cache: this.cache, pool: this.pool ?? undefined, inlineBytes: this.inlineBytes, exactRunBudget: EXACT_RECOUNT_BUDGET });
+    return this.thorough;
+  }
+
+  /** A cached count this counter may use: an upper bound is not, when it counts more exactly. */
+  private cached<T extends { upperBound: boolean }>(c: T | undefined): T | undefined {
+    return c !== undefined && c.upperBound && this.exactRunBudget > EXACT_RUN_BUDGET ? undefined : c;
   }
 
   /** A counter for an OpenAI-family model name, or null when the name is not one. */
@@ -168,7 +188,7 @@ export class TiktokenCounter implements TokenCounter {
     const known = this.knownPrefix(prompt);
     const parts = this.chatParts(prompt, known);
     const jobs = parts.filter((p): p is Job => 'recipe' in p);
-    const counts = jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t));
+    const counts = jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t, this.exactRunBudget));
     return this.assemble(parts, jobs, counts, known);
   }
 
@@ -185,7 +205,7 @@ export class TiktokenCounter implements TokenCounter {
 
   async countText(text: string): Promise<TextCount> {
     const key = cacheKey(`${this.encoding}:text`, text);
-    let c = this.cache.get(key);
+    let c = this.cached(this.cache.get(key));
     if (c === undefined) {
       const [one] = await this.countTexts([text]);
       c = { tokens: one.tokens, upperBound: one.split };
@@ -210,11 +230,11 @@ export class TiktokenCounter implements TokenCounter {
       for (const t of texts) bytes += Buffer.byteLength(t, 'utf8');
       if (!takeInline(bytes, this.inlineBytes)) {
         this.counts.pooled++;
-        return this.pool.count(this.encoding, texts);
+        return this.pool.count(this.encoding, texts, this.exactRunBudget);
       }
     }
     this.counts.inline++;
-    return texts.map((t) => countBounded(this.encoding, t));
+    return texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget));
   }
 
   /**
@@ -235,7 +255,7 @@ export class TiktokenCounter implements TokenCounter {
   private lookup(kind: string, value: unknown, recipe: () => Recipe): CachedCount | Job {
     // A message's digest is computed once per request and shared with the prefix chain.
     const key = kind === 'message' ? `${this.encoding}:message:${messageDigest(value as object)}` : cacheKey(`${this.encoding}:${kind}`, value);
-    return this.cache.get(key) ?? { key, recipe: recipe() };
+    return this.cached(this.cache.get(key)) ?? { key, recipe: recipe() };
   }
 
   /**

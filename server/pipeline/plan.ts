@@ -83,7 +83,14 @@ function toolHashOf(valid: ValidRequest): string {
  * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
  * counts the final-answer request instead: its messages, and no tools.
  */
-async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, finalMessages?: ChatMessage[], known?: KnownPrefix): Promise<RowCounts> {
+async function countAll(
+  gw: Gateway,
+  upstream: Upstream,
+  valid: ValidRequest,
+  finalMessages?: ChatMessage[],
+  known?: KnownPrefix,
+  counter = gw.counters.forModel(upstream, valid.model),
+): Promise<RowCounts> {
   const body = valid.body;
   const request =
     valid.kind !== 'chat'
@@ -92,7 +99,7 @@ async function countAll(gw: Gateway, upstream: Upstream, valid: ValidRequest, fi
         ? { messages: finalMessages }
         : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, known };
   try {
-    return await countRows(valid.kind, valid.model, request, gw.counters.forModel(upstream, valid.model));
+    return await countRows(valid.kind, valid.model, request, counter);
   } catch (err) {
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
@@ -148,18 +155,28 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const remembered = messages ? gw.prefixMemo.match(memoScope, messages) : null;
   const known = remembered?.counts ? { messages: remembered.length, ...remembered.counts } : undefined;
   let counted = await countAll(gw, upstream, valid, undefined, known);
+  const rowsOf = (c: RowCounts) =>
+    planRows({
+      kind: valid.kind,
+      rowTokens: c.rowTokens,
+      countMethod: c.countMethod,
+      upperBound: c.upperBound,
+      maxTokens: valid.maxTokens,
+      n: valid.n,
+      defaultMaxTokens: gw.config.defaults.maxTokens,
+      contextWindow,
+    });
+  let rows = rowsOf(counted);
+  let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
+  // A refusal on an upper bound gets a second, exact count first where one stays linear (a large
+  // minified JSON tool result): refused only when the true count is too large too.
+  const exactly = sizeRefusal && counted.upperBound ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
+  if (exactly) {
+    counted = await countAll(gw, upstream, valid, undefined, known, exactly);
+    rows = rowsOf(counted);
+    sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
+  }
   const countedAsSent = counted;
-  let rows = planRows({
-    kind: valid.kind,
-    rowTokens: counted.rowTokens,
-    countMethod: counted.countMethod,
-    upperBound: counted.upperBound,
-    maxTokens: valid.maxTokens,
-    n: valid.n,
-    defaultMaxTokens: gw.config.defaults.maxTokens,
-    contextWindow,
-  });
-  const sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
     err.context = rowFigures(valid.model, upstream.name, rows, contextWindow);

@@ -176,3 +176,36 @@ t.test('an admission body too large even for its wrapper: 413 that says which li
   t.equal(res.body.error.code, 'body_too_large');
   t.match(res.body.error.message, /the limit is 66536 \(1000 for the request inside, 65536 for the admission wrapper\)$/);
 });
+
+t.test('a row refused on an upper bound is counted exactly first: a large minified JSON tool result fits', async (t) => {
+  const { upstream, post } = await setup(t, {});
+  // ~80 KB of minified JSON: past the 64 KiB counted exactly on the first pass, so that pass gives
+  // an upper bound over maxRowTokens (36,864) while the true count is well under it.
+  const items = [];
+  for (let i = 0; items.join(',').length < 80_000; i++) {
+    items.push(JSON.stringify({ id: i, name: `item-${i}`, price: (i * 7919) % 100_000 / 100, tags: ['a', 'bb'], url: `https://example.com/items/${i}?q=${i * 7}` }));
+  }
+  const json = `[${items.join(',')}]`;
+  const request = { model: 'gpt-4o', messages: [{ role: 'user', content: json }], max_tokens: 16 };
+  const exact = tokens(json);
+  t.ok(exact < 36_864, `exact ${exact} fits`);
+
+  const plan = await post('/v1/admission', { endpoint: '/v1/chat/completions', request });
+  t.match(plan.body, { count_method: 'tiktoken:o200k_base', count_is_upper_bound: false, verdict: { admit: true } });
+  // 3 per message + "user" (1) + the content + 3 to prime the reply.
+  t.equal(plan.body.sum_tokens, exact + 7);
+  const real = await post('/v1/chat/completions', request);
+  t.equal(real.status, 200);
+  t.equal(Number(real.headers.get('x-tollgate-reserved-tokens')) - 16, exact + 7, 'the exact prompt was reserved, with the 16 tokens of output');
+  t.equal(upstream.requests.length, 1);
+});
+
+t.test('a pathological row is still refused on its upper bound, quickly', async (t) => {
+  const { upstream, both } = await setup(t, {});
+  // One pre-token of 400,000 characters: quadratic for tiktoken (minutes), never counted exactly.
+  const res = await both('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(400_000) }], max_tokens: 16 });
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'row_too_large');
+  t.match(res.body.error.count_method, /upper-bound/);
+  t.equal(upstream.requests.length, 0);
+});
