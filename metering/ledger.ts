@@ -207,7 +207,7 @@ export interface Ledger {
   /**
    * Most recent conversation of this key whose last message list hashes to one of `chain`; one
    * whose list hashes to one of `preferred` (a subset of `chain`) wins over a more recent other.
-   * One look-up, so that the likely answer costs no extra round trip.
+   * Asked together, so a store can answer the likely case cheaply and in one round trip.
    */
   findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred?: string[]): Promise<string | null>;
   getRun(run: string): Promise<RunState | null>;

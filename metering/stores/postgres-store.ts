@@ -148,17 +148,16 @@ export class PostgresLedger implements Ledger {
 
   async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
     if (chain.length === 0) return null;
-    const order = 'ORDER BY (last_hash = ANY($2::text[])) DESC, time DESC LIMIT 1';
-    const { rows } =
-      keyId === null
-        ? await this.pool.query<{ conversation: string }>(
-            `SELECT conversation FROM heads WHERE tenant = $3 AND last_hash = ANY($1::text[]) ${order}`,
-            [chain, preferred, tenant],
-          )
-        : await this.pool.query<{ conversation: string }>(
-            `SELECT conversation FROM heads WHERE key_id = $4 AND tenant = $3 AND last_hash = ANY($1::text[]) ${order}`,
-            [chain, preferred, tenant, keyId],
-          );
+    // One round trip: the preferred heads first, else the most recent of the chain's. Each branch
+    // stops at its first row, so a long chain is probed only when nothing preferred matched.
+    const key = keyId === null ? '' : 'key_id = $4 AND ';
+    const { rows } = await this.pool.query<{ conversation: string }>(
+      `(SELECT conversation FROM heads WHERE ${key}tenant = $3 AND last_hash = ANY($2::text[]) ORDER BY time DESC LIMIT 1)
+       UNION ALL
+       (SELECT conversation FROM heads WHERE ${key}tenant = $3 AND last_hash = ANY($1::text[]) ORDER BY time DESC LIMIT 1)
+       LIMIT 1`,
+      keyId === null ? [chain, preferred, tenant] : [chain, preferred, tenant, keyId],
+    );
     return rows[0]?.conversation ?? null;
   }
 

@@ -78,11 +78,9 @@ export function prepareSqlite(db: Database.Database) {
         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
         last_output_tokens = excluded.last_output_tokens, time = excluded.time`),
     findByKeyChain: s(`SELECT conversation FROM heads WHERE key_id = @key AND tenant = @tenant
-      AND last_hash IN (SELECT value FROM json_each(@chain))
-      ORDER BY last_hash IN (SELECT value FROM json_each(@preferred)) DESC, time DESC LIMIT 1`),
+      AND last_hash IN (SELECT value FROM json_each(@hashes)) ORDER BY time DESC LIMIT 1`),
     findByTenantChain: s(`SELECT conversation FROM heads WHERE tenant = @tenant
-      AND last_hash IN (SELECT value FROM json_each(@chain))
-      ORDER BY last_hash IN (SELECT value FROM json_each(@preferred)) DESC, time DESC LIMIT 1`),
+      AND last_hash IN (SELECT value FROM json_each(@hashes)) ORDER BY time DESC LIMIT 1`),
   };
 }
 

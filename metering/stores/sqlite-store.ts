@@ -351,12 +351,17 @@ export class SqliteLedger implements Ledger {
   }
 
   async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
-    if (chain.length === 0) return null;
-    const args = { tenant, chain: JSON.stringify(chain), preferred: JSON.stringify(preferred) };
-    const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
-      | { conversation: string }
-      | undefined;
-    return hit?.conversation ?? null;
+    // The preferred hashes alone first: a long conversation's chain is one index probe per
+    // message, and the preferred head is what a continuing conversation finds.
+    for (const hashes of preferred.length > 0 ? [preferred, chain] : [chain]) {
+      if (hashes.length === 0) continue;
+      const args = { tenant, hashes: JSON.stringify(hashes) };
+      const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
+        | { conversation: string }
+        | undefined;
+      if (hit) return hit.conversation;
+    }
+    return null;
   }
 
   async getRun(run: string): Promise<RunState | null> {
