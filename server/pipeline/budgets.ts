@@ -15,9 +15,10 @@ interface MoneyView {
 
 const round = (usd: number) => Math.round(usd * 1e8) / 1e8;
 
-function moneyView(limit: number | null, committed: number): MoneyView | null {
+/** What was spent (settled) and what remains once requests still in flight are reserved too. */
+function moneyView(limit: number | null, spent: number, reserved: number): MoneyView | null {
   if (limit === null) return null;
-  return { limit_usd: limit, spent_usd: round(committed), remaining_usd: round(Math.max(0, limit - committed)) };
+  return { limit_usd: limit, spent_usd: round(spent), remaining_usd: round(Math.max(0, limit - spent - reserved)) };
 }
 
 /**
@@ -52,12 +53,13 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     monthlyBudgetUsd: tenant?.monthlyBudgetUsd ?? null,
     month,
   };
-  const committed = (s: MoneyScopeState) => s.spentUsd + s.tasksUsd + s.reservedUsd;
+  // A conversation's spend includes its children's (tasks); their reservations are in `reservedUsd`.
+  const scopeView = (s: MoneyScopeState) => moneyView(s.capUsd, s.spentUsd + s.tasksUsd, s.reservedUsd);
   const view = {
     run: budgetTokens === null ? null : { limit_tokens: budgetTokens, remaining_tokens: Math.max(0, budgetTokens - state.usedTokens) },
-    conversation: moneyView(state.conversation.capUsd, committed(state.conversation)),
-    parent: state.parent ? moneyView(state.parent.capUsd, committed(state.parent)) : null,
-    monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd + month.reservedUsd),
+    conversation: scopeView(state.conversation),
+    parent: state.parent ? scopeView(state.parent) : null,
+    monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd, month.reservedUsd),
   };
   return { state, view };
 }

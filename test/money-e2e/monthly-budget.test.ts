@@ -81,3 +81,33 @@ t.test('budget-near on the response that crosses 80 %, once a month', async (t) 
   const nov = await call(gw.url, 'GET', '/admin/tenants/alice/spend?month=2026-11', ADMIN);
   t.ok(close(nov.body.spent_usd as number, 1));
 });
+
+t.test("/v1/admission's money budgets: spent is what settled, remaining also takes off what is in flight", async (t) => {
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 10 } });
+  const body = { model: 'gpt-4o', messages: [{ role: 'user', content: 'Summarise the quarterly report' }], max_tokens: 10 };
+  t.equal((await call(gw.url, 'PUT', '/admin/tenants/alice/budget', ADMIN, { monthly_budget_usd: 1 })).status, 200);
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/held/cap', ADMIN, { cap_usd: 1 })).status, 200);
+  // 1. One turn settles.
+  const first = await chat(gw, ALICE, body, { 'x-tollgate-conversation': 'held' });
+  const spent = costHeader(first)!;
+  // 2. Another is held in flight at the provider, with its worst case reserved.
+  const plan = await admission(gw, ALICE, body, { 'x-tollgate-conversation': 'held' });
+  const worst = plan.cost_usd.worst_case!;
+  metered.options.hang = true;
+  const leave = new AbortController();
+  const inFlight = fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${ALICE}`, 'x-tollgate-conversation': 'held' },
+    body: JSON.stringify(body),
+    signal: leave.signal,
+  }).catch(() => 'aborted');
+  while (metered.requests.length < 2) await new Promise((r) => setTimeout(r, 20));
+  const during = (await call(gw.url, 'POST', '/v1/admission', { authorization: `Bearer ${ALICE}`, 'x-tollgate-conversation': 'held' }, { endpoint: '/v1/chat/completions', request: body })).body;
+  const budgets = during.budgets as Record<string, { spent_usd: number; remaining_usd: number }>;
+  for (const scope of ['monthly', 'conversation']) {
+    t.ok(close(budgets[scope]!.spent_usd, spent), `${scope}: spent ${budgets[scope]!.spent_usd} is the settled ${spent}`);
+    t.ok(close(budgets[scope]!.remaining_usd, 1 - spent - worst), `${scope}: remaining ${budgets[scope]!.remaining_usd} takes off the reservation`);
+  }
+  leave.abort();
+  t.equal(await inFlight, 'aborted');
+});
