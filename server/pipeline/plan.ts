@@ -21,6 +21,7 @@ import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
+import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
 
 export interface Headers {
   [name: string]: string | string[] | undefined;
@@ -108,6 +109,15 @@ async function countAll(
   }
 }
 
+/**
+ * Whether a request is small enough for the exact second count: its texts, as JSON, within the
+ * recount's budget, so that one request never costs the worker more than about half a second.
+ */
+function recountable(valid: ValidRequest): boolean {
+  const texts = valid.kind === 'chat' ? [valid.messages, valid.tools] : valid.kind === 'completions' ? valid.body.prompt : valid.body.input;
+  return JSON.stringify(texts ?? null).length <= EXACT_RECOUNT_BUDGET;
+}
+
 async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[], remembered: PrefixMatch | null) {
   const named = header(headers, 'x-tollgate-conversation');
   if (named) return { conversation: named, source: 'header' as const };
@@ -170,7 +180,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
   // A refusal on an upper bound gets a second, exact count first where one stays linear (a large
   // minified JSON tool result): refused only when the true count is too large too.
-  const exactly = sizeRefusal && counted.upperBound ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
+  const exactly = sizeRefusal && counted.upperBound && recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
   if (exactly) {
     counted = await countAll(gw, upstream, valid, undefined, known, exactly);
     rows = rowsOf(counted);

@@ -200,6 +200,22 @@ t.test('a row refused on an upper bound is counted exactly first: a large minifi
   t.equal(upstream.requests.length, 1);
 });
 
+t.test('a request past the second count\'s budget (1 MiB of text) is refused on its first count', async (t) => {
+  const { upstream, post } = await setup(t, {});
+  // Three tool results of ~450 KB: each within the per-text budget, together past the request's.
+  const result = (k: number) => {
+    const items = [];
+    for (let i = 0; items.length * 60 < 450_000; i++) items.push(JSON.stringify({ id: i, name: `item-${k}-${i}`, url: `https://example.com/${k}/${i}` }));
+    return `[${items.join(',')}]`;
+  };
+  const request = { model: 'gpt-4o', messages: [0, 1, 2].map((k) => ({ role: 'user', content: result(k) })), max_tokens: 16 };
+  const res = await post('/v1/chat/completions', request);
+  t.equal(res.status, 413);
+  t.equal(res.body.error.code, 'row_too_large');
+  t.match(res.body.error.count_method, /upper-bound/, 'not counted a second time: the work per request stays bounded');
+  t.equal(upstream.requests.length, 0);
+});
+
 t.test('a pathological row is still refused on its upper bound, quickly', async (t) => {
   const { upstream, both } = await setup(t, {});
   // One pre-token of 400,000 characters: quadratic for tiktoken (minutes), never counted exactly.
