@@ -60,11 +60,12 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     [convIds],
   );
   // Two first requests of one conversation naming different parents, at the same moment on two
-  // replicas: the other one set its parent between the read above and the lock. Refuse rather
-  // than check the wrong cap; the client's retry sees the parent that holds.
+  // replicas: the other one set its parent between the read above and the lock. Rather than check
+  // the wrong cap, fail as a serialization failure does: the store runs the admission again, and
+  // it then reads the parent that holds.
   const locked = convs.rows.find((x) => x.id === r.conversation)?.parent ?? null;
   if (effectiveParent(r, locked) !== parent) {
-    throw new Error(`conversation ${r.conversation} was given parent ${locked} by a concurrent request; retry`);
+    throw Object.assign(new Error(`conversation ${r.conversation} was given parent ${locked} by a concurrent request`), { code: '40001' });
   }
   // Claim an unowned conversation (a cap set before its first request), as SQLite does even when
   // the request is refused.

@@ -1,7 +1,7 @@
 // Money on every store: conversation caps, a parent's cap shared by its children, the tenant's
 // monthly budget, and the spend each settlement adds up (SPEC §7).
 import t from 'tap';
-import { reservation, settlement, storeFactories } from '../helpers/stores.js';
+import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
 
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a conversation's cap counts spend and reservations in flight`, async (t) => {
@@ -109,5 +109,27 @@ for (const factory of storeFactories(t)) {
     for await (const row of ledger.exportRows(null, null)) rows.push(row);
     t.equal(rows.find((r) => r.model === 'llama')?.cost_usd, null, 'the row keeps null, not 0');
     t.equal(await ledger.conversationSpend('missing'), null);
+  });
+
+  t.test(`${factory.kind}: a conversation keeps its first parent, even when first requests race naming two`, async (t) => {
+    const store = await factory.create(t);
+    // Two handles on the same storage, as two replicas (or processes) would have.
+    const handles = [store.ledger, await store.reopen()];
+    await store.ledger.setConversationCap('p', 'acme', 100);
+    await store.ledger.setConversationCap('q', 'acme', 100);
+    const rs = Array.from({ length: 24 }, (_, i) =>
+      reservation({ conversation: 'racer', run: 'race-run', parent: i % 2 === 0 ? 'p' : 'q', worstCaseUsd: 0.01 }),
+    );
+    const verdicts = await Promise.all(rs.map((r, i) => handles[i % 2]!.admit(r)));
+    t.ok(verdicts.every((v) => v.ok), 'every admission went through (a race is run again, not failed)');
+    const rows = (await collect(store.ledger.exportRows(null, null))).filter((row) => row.conversation === 'racer');
+    const parents = new Set(rows.map((row) => row.parent));
+    t.equal(rows.length, 24);
+    t.equal(parents.size, 1, `one parent for every row: ${[...parents].join(', ')}`);
+    const parent = [...parents][0]!;
+    t.equal((await store.ledger.conversationSpend('racer'))?.parent, parent);
+    // The reservations sit on that parent's cap alone.
+    t.ok(Math.abs((await store.ledger.conversationSpend(parent))!.reservedUsd - 0.24) < 1e-9);
+    t.equal((await store.ledger.conversationSpend(parent === 'p' ? 'q' : 'p'))!.reservedUsd, 0);
   });
 }
