@@ -6,7 +6,8 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
-import { GatewayError, NO_RETRY_HEADERS } from '../errors.js';
+import { GatewayError } from '../errors.js';
+import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
 import { plan as planRequest, type Plan } from './plan.js';
 import { admit } from './admit.js';
@@ -130,9 +131,11 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     settled = await settle(gw, plan, { status: res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true });
     if (plan.mode === 'final-answer') return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(res.statusCode);
+    // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
+    // only the gateway's refusals final).
     reply
       .code(res.statusCode)
-      .headers({ ...(res.statusCode < 500 ? NO_RETRY_HEADERS : {}), ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
+      .headers({ ...upstreamHeaders(res.headers), ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
       .send(normaliseUpstreamError(res.statusCode, text));
     return;
   }
@@ -157,7 +160,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(200);
-    reply.code(200).headers({ ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
+    reply.code(200).headers({ ...upstreamHeaders(res.headers), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
     if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
     else reply.send(json.body);
     return;
@@ -172,6 +175,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
       'cache-control': 'no-cache',
       connection: 'keep-alive',
       'x-accel-buffering': 'no',
+      ...upstreamHeaders(res.headers),
       ...admissionHeaders(plan, notices),
       ...extra,
     });

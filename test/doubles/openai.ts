@@ -24,8 +24,10 @@ export interface OpenAiDoubleOptions {
   ignoreMaxTokens?: boolean;
   /** Answer with tool calls instead of text (return null to answer with text). */
   toolCalls?: (body: Json) => Array<{ name: string; arguments: string }> | null;
-  /** Answer every request with this status and body. */
-  failWith?: { status: number; body: unknown };
+  /** Answer every request with this status and body (and these headers). */
+  failWith?: { status: number; body: unknown; headers?: Record<string, string> };
+  /** Headers sent with every answer, as OpenAI sends `x-request-id` and `x-ratelimit-*`. */
+  responseHeaders?: Record<string, string>;
   /** Close the connection after this many content chunks of a stream. */
   dropAfterChunks?: number;
   /** Send this many content chunks of a stream, then nothing more until the client goes away. */
@@ -75,11 +77,11 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
     });
     const o = options;
     const heldUntilClosed = () => new Promise<void>((resolve) => (res.destroyed ? resolve() : res.once('close', () => resolve())));
-    const json = (status: number, value: unknown) => {
-      res.writeHead(status, { 'content-type': 'application/json' });
+    const json = (status: number, value: unknown, headers: Record<string, string> = {}) => {
+      res.writeHead(status, { 'content-type': 'application/json', ...o.responseHeaders, ...headers });
       res.end(JSON.stringify(value));
     };
-    if (o.failWith) return json(o.failWith.status, o.failWith.body);
+    if (o.failWith) return json(o.failWith.status, o.failWith.body, o.failWith.headers);
     if (req.method === 'GET' && path.endsWith('/models')) return json(200, { object: 'list', data: [{ id: 'gpt-4o-mini', object: 'model' }] });
     if (req.method !== 'POST' || !body) return json(404, { error: { message: 'not found', type: 'invalid_request_error', code: null } });
     if (o.hang) return heldUntilClosed();
@@ -124,7 +126,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
       return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, usage });
     }
 
-    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.writeHead(200, { 'content-type': 'text/event-stream', ...o.responseHeaders });
     const send = (v: unknown) => res.write(`data: ${JSON.stringify(v)}\n\n`);
     // With `stream_options.include_usage`, OpenAI gives every chunk `"usage": null` (after the
     // choices), and the figures in a last chunk of its own with no choices.

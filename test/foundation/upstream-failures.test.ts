@@ -68,6 +68,45 @@ t.test('an upstream slower than timeoutMs → 504 upstream_timeout, whole reserv
   t.equal(upstream.requests.length, 1, 'the request did reach the upstream');
 });
 
+t.test("an upstream 429 stays retryable: its retry advice and rate-limit headers are passed on", async (t) => {
+  const upstream = await startOpenAiDouble({
+    failWith: {
+      status: 429,
+      body: { error: { message: 'Rate limit reached for requests', type: 'requests', param: null, code: 'rate_limit_exceeded' } },
+      headers: { 'retry-after-ms': '20', 'x-ratelimit-remaining-requests': '0', 'x-request-id': 'req_upstream_429' },
+    },
+  });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const res = await post(gw, chat);
+  t.equal(res.status, 429);
+  t.equal(res.headers.get('x-should-retry'), null, 'not marked final: the provider asked for a retry later');
+  t.equal(res.headers.get('retry-after-ms'), '20');
+  t.equal(res.headers.get('x-ratelimit-remaining-requests'), '0');
+  t.equal(res.headers.get('x-request-id'), 'req_upstream_429');
+  // The SDK retries it as it would against the provider: 1 + maxRetries attempts.
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 2 });
+  const before = upstream.requests.length;
+  t.equal(await sdkStatus(client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x' }], max_tokens: 20 })), 429);
+  t.equal(upstream.requests.length - before, 3);
+});
+
+t.test("a successful answer carries the upstream's request id and rate-limit state", async (t) => {
+  const upstream = await startOpenAiDouble({ responseHeaders: { 'x-request-id': 'req_upstream_ok', 'x-ratelimit-remaining-tokens': '9000', 'set-cookie': 'a=b' } });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  const done = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x' }], max_tokens: 5 });
+  t.equal(done._request_id, 'req_upstream_ok');
+  for (const stream of [false, true]) {
+    const res = await post(gw, { ...chat, stream });
+    t.equal(res.headers.get('x-request-id'), 'req_upstream_ok');
+    t.equal(res.headers.get('x-ratelimit-remaining-tokens'), '9000');
+    t.equal(res.headers.get('set-cookie'), null, 'nothing else of the upstream is passed on');
+    await res.arrayBuffer();
+  }
+});
+
 t.test('an upstream 4xx passes through in the OpenAI envelope, whole reservation refunded', async (t) => {
   const upstream = await startOpenAiDouble({
     failWith: { status: 400, body: { error: { message: 'Invalid value for temperature', type: 'invalid_request_error', param: 'temperature', code: 'invalid_value' } } },

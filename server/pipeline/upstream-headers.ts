@@ -1,0 +1,17 @@
+// The upstream's response headers a client acts on, passed on with its answer: its request id (the
+// SDKs show it as `_request_id`), its rate-limit state, and its retry advice — an upstream 429 or
+// 408 must stay retryable with the backoff the provider asked for. Everything else the upstream
+// sent stays behind: the gateway writes its own framing and metering headers.
+
+import type { IncomingHttpHeaders } from 'node:http';
+
+const PASSED = new Set(['x-request-id', 'retry-after', 'retry-after-ms', 'x-should-retry', 'openai-processing-ms']);
+
+export function upstreamHeaders(headers: IncomingHttpHeaders): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    if (PASSED.has(name) || name.startsWith('x-ratelimit-')) out[name] = Array.isArray(value) ? value.join(', ') : value;
+  }
+  return out;
+}
