@@ -1,11 +1,12 @@
 // Stage 6 — relay a stream chunk by chunk, never buffered whole, counting output as it passes
 // (SPEC §2.6, §11). A choice that reaches its allowance is ended by the gateway with
 // `finish_reason: "length"`; the usage chunk goes out only if the client asked for it; the settled
-// figures follow in a `: tollgate {…}` comment, then `data: [DONE]`.
+// figures follow in a `: tollgate {…}` comment, then `data: [DONE]`. An upstream that fails part
+// way (an error in the stream, or the connection lost) ends it with an error event.
 
 import type { ServerResponse } from 'node:http';
 import type { Dispatcher } from 'undici';
-import { SseParser, sseData } from './sse.js';
+import { SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
 import { OutputMeter, deltaText } from './output-meter.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
@@ -22,6 +23,8 @@ export interface StreamOutcome {
   cut: boolean;
   /** The upstream connection failed part way. */
   upstreamLost: boolean;
+  /** The error the upstream sent in the stream (an `error` event or a chunk with `error`), if any. */
+  upstreamError: Json | null;
   clientGone: boolean;
   /** Any content reached the client. */
   visibleText: boolean;
@@ -52,6 +55,7 @@ export async function relayStream(
     timings: null,
     cut: false,
     upstreamLost: false,
+    upstreamError: null,
     clientGone: false,
     visibleText: false,
     toolsProposed: false,
@@ -95,9 +99,13 @@ export async function relayStream(
     choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: 'length' } : { index, text: '', finish_reason: 'length' }],
   });
 
-  const handle = (event: { data: string | null; raw: string }): boolean => {
+  const handle = (event: SseEvent): boolean => {
     if (event.data === null) return true; // upstream comments are not passed on
     if (event.data.trim() === '[DONE]') return false;
+    if (event.event === 'error') {
+      out.upstreamError = errorOf(event.data);
+      return false;
+    }
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
     const plain = filter === null && out.meta.id !== undefined && !finished.has(0) ? contentChunk(event.data) : null;
@@ -122,6 +130,11 @@ export async function relayStream(
       return true;
     }
     if (!isObject(chunk)) return true;
+    // A provider that fails part way says so in the stream (OpenRouter, OpenAI): the stream ends.
+    if (isObject(chunk.error)) {
+      out.upstreamError = chunk.error;
+      return false;
+    }
     const { usage, timings, choices } = chunk;
     // id, object, created and model are the stream's, the same in every chunk: taken once.
     if (out.meta.id === undefined) out.meta = { id: chunk.id, object: chunk.object, created: chunk.created, model: chunk.model };
@@ -192,7 +205,7 @@ export async function relayStream(
   } catch {
     out.upstreamLost = !out.clientGone;
   }
-  if (out.cut || out.clientGone) abortUpstream();
+  if (out.cut || out.clientGone || out.upstreamError !== null) abortUpstream();
   if (filter) {
     // The summary first: text the filter still held makes the turn visible, and `write` must know
     // that before it is asked to send it (else it would be held back with the rest and lost).
@@ -201,10 +214,35 @@ export async function relayStream(
     out.toolsProposed = summary.toolsProposed;
     if (summary.chunk) write(sseData(summary.chunk));
   }
-  out.started = started;
-  if (out.upstreamLost) {
-    // The upstream went away part way: end each open choice so the client's SDK sees a clean end.
-    for (let i = 0; i < choicesExpected; i++) if (!finished.has(i)) write(sseData(lengthChunk(i)));
+  if ((out.upstreamLost || out.upstreamError !== null) && !out.clientGone) {
+    if (filter) {
+      // A final answer must end as an answer (SPEC §5): what came is closed as cut short. (With no
+      // text at all, the caller answers with the evidence excerpt instead.)
+      for (let i = 0; i < choicesExpected; i++) if (!finished.has(i)) write(sseData(lengthChunk(i)));
+    } else {
+      // Otherwise the client is told, as the provider would tell it: an error event, on which the
+      // OpenAI SDKs throw an APIError — an agent must not take a broken answer for a whole one.
+      write(sseData({ error: out.upstreamError ?? LOST }));
+    }
   }
+  out.started = started;
   return out;
+}
+
+const LOST: Json = {
+  message: 'the upstream connection was lost part way through the stream',
+  type: 'upstream_error',
+  param: null,
+  code: 'upstream_lost',
+};
+
+/** The error an upstream's `event: error` carries, in the OpenAI shape. */
+function errorOf(data: string): Json {
+  try {
+    const parsed: unknown = JSON.parse(data);
+    if (isObject(parsed)) return isObject(parsed.error) ? parsed.error : parsed;
+  } catch {
+    // not JSON: the text is the message
+  }
+  return { message: data, type: 'upstream_error', param: null, code: null };
 }

@@ -185,9 +185,11 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
   // An upstream that failed before any output refunds the whole reservation, as a failure before
   // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
-  const failedBeforeOutput = streamed.upstreamLost && meter.total() === 0;
+  const upstreamFailed = streamed.upstreamLost || streamed.upstreamError !== null;
+  const failedBeforeOutput = upstreamFailed && meter.total() === 0;
   outcome = {
-    status: streamed.clientGone ? 499 : 200,
+    // The ledger and the log say how it ended, though the client's status line said 200.
+    status: streamed.clientGone ? 499 : upstreamFailed ? 502 : 200,
     countedOutput: meter.total(),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.
@@ -204,7 +206,9 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
       for (const chunk of excerptStreamChunks(plan.model, text, false)) raw.write(sseData(chunk));
       gw.metrics.fallback.inc();
     }
-    if (plan.valid.includeUsage) {
+    // After an error event there is no usage chunk: the stream ended in error (a final answer's
+    // stream ends as an answer instead, usage and all).
+    if (plan.valid.includeUsage && (!upstreamFailed || plan.mode === 'final-answer')) {
       const usage =
         streamed.usage && !streamed.cut
           ? streamed.usage

@@ -6,6 +6,8 @@ export interface SseEvent {
   data: string | null;
   /** The event's raw text, without its terminating blank line. */
   raw: string;
+  /** The `event:` name, when the event has one (`error`); absent for the usual `data:` event. */
+  event?: string;
 }
 
 export class SseParser {
@@ -44,10 +46,12 @@ function parseEvent(raw: string): SseEvent {
   // The usual event is one `data: …` line.
   if (raw.startsWith('data: ') && !raw.includes('\n')) return { data: raw.slice(6), raw };
   const data: string[] = [];
+  let event: string | undefined;
   for (const line of raw.split('\n')) {
     if (line.startsWith('data:')) data.push(line.slice(line.startsWith('data: ') ? 6 : 5));
+    else if (line.startsWith('event:')) event = line.slice(6).trim();
   }
-  return { data: data.length > 0 ? data.join('\n') : null, raw };
+  return { data: data.length > 0 ? data.join('\n') : null, raw, ...(event ? { event } : {}) };
 }
 
 export function sseData(value: unknown): string {

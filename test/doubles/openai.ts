@@ -30,6 +30,11 @@ export interface OpenAiDoubleOptions {
   responseHeaders?: Record<string, string>;
   /** Close the connection after this many content chunks of a stream. */
   dropAfterChunks?: number;
+  /**
+   * Send this many content chunks of a stream, then an error in the stream and end it: as a
+   * `data: {"error": …}` chunk (OpenAI, OpenRouter) or as an `event: error` event.
+   */
+  errorAfterChunks?: { chunks: number; as: 'data' | 'event'; error: Json };
   /** Send this many content chunks of a stream, then nothing more until the client goes away. */
   stallAfterChunks?: number;
   /** Never answer a generation request: hold it open until the client goes away. */
@@ -148,6 +153,11 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
             return;
           }
           if (o.stallAfterChunks !== undefined && sent >= o.stallAfterChunks) return heldUntilClosed();
+          if (o.errorAfterChunks !== undefined && sent >= o.errorAfterChunks.chunks) {
+            const e = o.errorAfterChunks;
+            res.end(e.as === 'data' ? `data: ${JSON.stringify({ error: e.error })}\n\n` : `event: error\ndata: ${JSON.stringify({ error: e.error })}\n\n`);
+            return;
+          }
           send(chunk([isChat ? { index, delta: { content: word }, finish_reason: null } : { index, text: word, finish_reason: null }]));
           sent++;
           recorded.chunksSent = sent;

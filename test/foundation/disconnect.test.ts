@@ -1,8 +1,8 @@
 // Client disconnect and upstream loss (SPEC §2.7, §11).
 // - A client that goes away makes the gateway abort the upstream request at once, and the ledger
 //   row is settled as 499, charged the prompt + what was generated, the rest refunded.
-// - An upstream lost mid-stream: the client's stream still ends cleanly, charged prompt + generated
-//   so far, the rest refunded.
+// - An upstream lost mid-stream: the client is told with an error event (the OpenAI SDKs throw an
+//   APIError on it), charged prompt + generated so far, the rest refunded; the ledger says 502.
 // The doubles stall (hold the connection open, sending nothing) rather than sleep, so the tests
 // wait on events, never on time: an upstream that was not aborted would stay open until teardown.
 
@@ -129,7 +129,7 @@ t.test('client aborts a non-streamed request while waiting: upstream aborted, 49
   t.equal(row.refund_tokens, 40, 'the whole allowance refunded');
 });
 
-t.test('OpenAI upstream lost mid-stream: clean end for the client, charged prompt + generated', async (t) => {
+t.test('OpenAI upstream lost mid-stream: the SDK throws an APIError, charged prompt + generated', async (t) => {
   const { gw } = await gatewayWith(t, { completionTokens: 30, dropAfterChunks: 4 });
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
   const { data: stream, response } = await client.chat.completions
@@ -137,19 +137,25 @@ t.test('OpenAI upstream lost mid-stream: clean end for the client, charged promp
     .withResponse();
   let text = '';
   let finish: string | null = null;
-  let usage: { completion_tokens: number } | null = null;
-  // 1. the SDK's iteration ends without an error
-  for await (const chunk of stream) {
-    text += chunk.choices[0]?.delta?.content ?? '';
-    finish = chunk.choices[0]?.finish_reason ?? finish;
-    if (chunk.usage) usage = chunk.usage;
-  }
+  // 1. the SDK's iteration gives the four tokens that came, then throws: the answer is not whole
+  const err = await (async () => {
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+  })().then(
+    () => null,
+    (e: unknown) => e,
+  );
   t.equal(text, ' hi hi hi hi', 'the four tokens that came');
-  t.equal(finish, 'length', 'the open choice is ended by the gateway');
-  t.equal(usage?.completion_tokens, 4, 'usage counts what was generated');
+  t.equal(finish, null, 'no finish_reason pretends the answer ended');
+  t.ok(err instanceof OpenAI.APIError, 'an APIError');
+  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /upstream connection was lost/);
+  t.equal((err as InstanceType<typeof OpenAI.APIError>).code, 'upstream_lost');
   const reserved = Number(response.headers.get('x-tollgate-reserved-tokens'));
-  // 2. prompt + 4 charged, 26 refunded
+  // 2. prompt + 4 charged, 26 refunded; the ledger records an upstream failure
   const row = await settledRow(gw);
+  t.equal(row.status, 502);
   t.equal(row.reserved_tokens, reserved);
   t.equal(row.generated_tokens, 4);
   t.equal(row.charge_tokens, row.prompt_charge + 4);
@@ -177,7 +183,7 @@ t.test('upstream lost before any output (the role chunk only): the whole reserva
   t.equal(row.cost_usd, 0);
 });
 
-t.test('llama.cpp upstream lost mid-stream: clean end, trailer with the settled figures', async (t) => {
+t.test('llama.cpp upstream lost mid-stream: an error event, then the settled figures and [DONE]', async (t) => {
   const llama = await startLlamaCppDouble({ completionTokens: 20, dropMidStream: 4, delayMs: 1 });
   t.teardown(llama.close);
   const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
@@ -188,8 +194,9 @@ t.test('llama.cpp upstream lost mid-stream: clean end, trailer with the settled 
   });
   t.equal(res.status, 200);
   const text = await res.text();
-  // 1. a clean end: a length finish for the open choice, the settled comment, then [DONE]
-  t.match(text, /"finish_reason":"length"/);
+  // 1. an error event for the lost upstream (no finish_reason), the settled comment, then [DONE]
+  t.match(text, /data: \{"error":\{"message":"the upstream connection was lost part way through the stream","type":"upstream_error","param":null,"code":"upstream_lost"\}\}/);
+  t.notMatch(text, /"finish_reason":"length"/);
   t.ok(text.endsWith('data: [DONE]\n\n'));
   const trailer = /^: tollgate (.*)$/m.exec(text);
   t.ok(trailer, 'the settled figures in a closing comment');
@@ -203,3 +210,27 @@ t.test('llama.cpp upstream lost mid-stream: clean end, trailer with the settled 
   t.equal(row.refund_tokens, 20 - content);
   t.same(settled, { charge_tokens: row.charge_tokens, refund_tokens: row.refund_tokens, cost_usd: 0 });
 });
+
+for (const as of ['data', 'event'] as const) {
+  t.test(`an upstream error part way through a stream (${as === 'data' ? 'an error chunk' : 'an error event'}) reaches the SDK as an APIError`, async (t) => {
+    const error = { message: 'Provider returned error', type: 'server_error', param: null, code: 'provider_error' };
+    const { gw } = await gatewayWith(t, { completionTokens: 30, errorAfterChunks: { chunks: 3, as, error } });
+    const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+    const stream = await client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'fail part way' }], max_tokens: 30, stream: true });
+    let text = '';
+    const err = await (async () => {
+      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+    })().then(
+      () => null,
+      (e: unknown) => e,
+    );
+    t.equal(text, ' hi hi hi');
+    t.ok(err instanceof OpenAI.APIError, 'an APIError');
+    t.match((err as InstanceType<typeof OpenAI.APIError>).message, /Provider returned error/);
+    t.equal((err as InstanceType<typeof OpenAI.APIError>).code, 'provider_error');
+    const row = await settledRow(gw);
+    t.equal(row.status, 502, 'the ledger records the upstream failure');
+    t.equal(row.generated_tokens, 3);
+    t.equal(row.charge_tokens, row.prompt_charge + 3, 'what was generated is charged');
+  });
+}
