@@ -1,8 +1,11 @@
 // GET /v1/models — the union of the configured upstreams' models, each with its upstream, billing
 // and context window (null when not known). Patterns (`gpt-*`) are listed as they are configured.
+// GET /v1/models/{model} — one model name as the gateway would route it (the SDKs' `retrieve`):
+// any name a pattern takes is served, so a client can check a name before using it.
 
 import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
+import { GatewayError } from '../server/errors.js';
 
 const route: FastifyPluginAsync = async (app) => {
   app.get('/v1/models', { preHandler: requireClient }, async () => {
@@ -27,6 +30,22 @@ const route: FastifyPluginAsync = async (app) => {
       }
     }
     return { object: 'list', data };
+  });
+
+  app.get<{ Params: { model: string } }>('/v1/models/:model', { preHandler: requireClient }, async (request) => {
+    const gw = app.gateway;
+    const id = request.params.model;
+    const u = gw.upstreams.route(id);
+    if (!u) throw new GatewayError('model_not_found', `The model \`${id}\` does not exist or is not served by this gateway`, {}, 'model');
+    return {
+      id,
+      object: 'model',
+      created: 0,
+      owned_by: u.name,
+      upstream: u.name,
+      billing: u.billing,
+      context_window: await gw.counters.contextWindow(u, id),
+    };
   });
 };
 

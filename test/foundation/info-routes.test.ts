@@ -35,6 +35,24 @@ t.test('GET /v1/models is the union of the upstreams, with upstream, billing and
   t.match(byId.get('gpt-4o'), { upstream: 'openai', billing: 'metered', context_window: 128000 }, 'the first upstream that lists it');
   t.match(byId.get('o3'), { upstream: 'plan', billing: 'plan', context_window: null }, 'unknown window is null, not a guess');
   t.match(byId.get('qwen-local'), { upstream: 'local', billing: 'local', context_window: 2048 }, "llama.cpp's own n_ctx from /props");
+  // One model, as the SDK's retrieve asks: routed as a request would be, or model_not_found.
+  t.match(await client.models.retrieve('o3'), { id: 'o3', object: 'model', upstream: 'plan', billing: 'plan', context_window: null });
+  t.match(await client.models.retrieve('gpt-4o'), { id: 'gpt-4o', upstream: 'openai', context_window: 128000 });
+  const missing = await client.models.retrieve('gpt-nope').then(
+    () => null,
+    (e: unknown) => e,
+  );
+  t.ok(missing instanceof OpenAI.NotFoundError);
+  t.equal((missing as InstanceType<typeof OpenAI.NotFoundError>).code, 'model_not_found');
+});
+
+t.test('GET /v1/models/{model}: a name a pattern takes is served', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  t.match(await client.models.retrieve('gpt-5-mini'), { id: 'gpt-5-mini', upstream: 'openai', billing: 'metered', context_window: 128000 });
+  t.equal((await fetch(`${gw.url}/v1/models/claude-x`)).status, 404);
 });
 
 t.test('/healthz answers; /readyz reports the store and each upstream reachable or not', async (t) => {
