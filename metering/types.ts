@@ -27,14 +27,19 @@ export interface ChatMessage {
   [k: string]: unknown;
 }
 
+/**
+ * A tool offered to the model: a function tool (`type: "function"`), or another kind the API knows
+ * (`custom`, with `custom: {name, description, format}`), passed on as written.
+ */
 export interface ToolDefinition {
   type: string;
-  function: {
+  function?: {
     name: string;
     description?: string;
     parameters?: Record<string, unknown>;
     [k: string]: unknown;
   };
+  [k: string]: unknown;
 }
 
 /** The parts of a chat request that decide what the model reads. */

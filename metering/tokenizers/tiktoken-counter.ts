@@ -301,6 +301,16 @@ export class TiktokenCounter implements TokenCounter {
     for (const tool of tools) {
       const fn = tool.function;
       r.fixed += k.funcInit;
+      if (fn === undefined || (tool.type !== undefined && tool.type !== 'function')) {
+        // Another kind of tool (`custom`): the cookbook has no formula; its name, description and
+        // the rest of its definition count as text, with a function's framing.
+        const own = tool[tool.type];
+        const def = typeof own === 'object' && own !== null ? (own as Record<string, unknown>) : {};
+        const { name, description, ...rest } = def;
+        r.texts.push(`${stringOr(name)}:${stripPeriod(stringOr(description))}`);
+        if (Object.keys(rest).length > 0) r.texts.push(JSON.stringify(rest));
+        continue;
+      }
       r.texts.push(`${fn.name}:${stripPeriod(stringOr(fn.description))}`);
       const properties = propertiesOf(fn.parameters);
       if (properties.length === 0) continue;

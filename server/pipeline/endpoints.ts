@@ -75,8 +75,12 @@ function checkTools(v: unknown): ToolDefinition[] | null {
   if (v === undefined || v === null) return null;
   if (!Array.isArray(v)) invalid('tools', 'must be an array');
   v.forEach((t, i) => {
-    if (!isObject(t) || !isObject(t.function) || typeof t.function.name !== 'string') {
-      invalid(`tools[${i}].function.name`, 'must be a string');
+    if (!isObject(t)) invalid(`tools[${i}]`, 'must be an object');
+    // A function tool needs its name; another kind (`custom`) is the upstream's to judge.
+    if (t.type === undefined || t.type === 'function') {
+      if (!isObject(t.function) || typeof t.function.name !== 'string') invalid(`tools[${i}].function.name`, 'must be a string');
+    } else if (typeof t.type !== 'string') {
+      invalid(`tools[${i}].type`, 'must be a string');
     }
   });
   return v.length > 0 ? (v as ToolDefinition[]) : null;

@@ -124,3 +124,26 @@ t.test('streamed chunks: "usage": null (there because the gateway asks for usage
   t.match(asked.chunks.at(-1), { choices: [], usage: { completion_tokens: 6 } }, 'the figures last');
   t.same(asked.trailer, quiet.trailer);
 });
+
+t.test('a custom tool (not a function) is passed on as written and counted', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const tool = { type: 'custom' as const, custom: { name: 'code_exec', description: 'Runs Python code and returns what it prints' } };
+  const messages = [{ role: 'user' as const, content: 'What is 2**100?' }];
+  const done = await client.chat.completions.create({ model: 'gpt-5', messages, tools: [tool], max_completion_tokens: 20 });
+  t.equal(done.choices[0]?.finish_reason, 'stop');
+  t.same(upstream.requests.at(-1)!.body?.tools, [tool], 'the upstream sees the tool as the client wrote it');
+  // The tool's name and description are counted, as a function's are.
+  const plan = async (body: Record<string, unknown>) =>
+    (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { sum_tokens: number };
+  const withTool = await plan({ model: 'gpt-5', messages, tools: [tool] });
+  const without = await plan({ model: 'gpt-5', messages });
+  t.ok(withTool.sum_tokens > without.sum_tokens + 10, `${withTool.sum_tokens} > ${without.sum_tokens} + 10`);
+  // A function tool still needs its name; a tool's type must be a string.
+  const bad = async (tools: unknown) =>
+    (await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-5', messages, tools }) })).json() as Promise<{ error: { param: string } }>;
+  t.equal((await bad([{ type: 'function', function: {} }])).error.param, 'tools[0].function.name');
+  t.equal((await bad([{ type: 7 }])).error.param, 'tools[0].type');
+});
