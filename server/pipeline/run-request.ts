@@ -15,7 +15,7 @@ import { forward, normaliseUpstreamError } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
-import { settle, pricierFor, providerOutputTrusted, type Outcome, type Settled } from './settle.js';
+import { settle as settleOutcome, pricierFor, providerOutputTrusted, type Outcome, type Settled } from './settle.js';
 import { sseData } from './sse.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
@@ -56,7 +56,36 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   request.principal = principal;
   const plan = await planRequest(gw, valid, principal, request.headers);
   await admit(gw, plan);
+  // From here the request holds a reservation: whatever happens, it is settled before the error
+  // leaves (else it would stay reserved until a restart charged it in full).
+  const once = { settling: false };
+  try {
+    await relayAdmitted(gw, kind, request, reply, plan, t0, once);
+  } catch (err) {
+    if (!once.settling) {
+      const status = err instanceof GatewayError ? err.status : 500;
+      await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true }).catch(
+        (e: unknown) => request.log.error({ err: e, id: plan.id }, 'settling after an error failed: the reservation stays open until recovered'),
+      );
+    }
+    throw err;
+  }
+}
 
+/** Stages 5–7 for an admitted plan: forward, relay, settle. `once.settling` is set when settlement begins. */
+async function relayAdmitted(
+  gw: Gateway,
+  kind: EndpointKind,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  plan: Plan,
+  t0: number,
+  once: { settling: boolean },
+): Promise<void> {
+  const settle: typeof settleOutcome = (...args) => {
+    once.settling = true;
+    return settleOutcome(...args);
+  };
   const m = gw.metrics;
   m.promptTokens.inc({ kind: 'new' }, plan.promptCharge);
   m.promptTokens.inc({ kind: 'shared' }, plan.rows.sumTokens - plan.promptCharge);

@@ -175,3 +175,23 @@ t.test("llama.cpp's error envelope (numeric code, no param) is normalised, its f
   t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
   await wholeRefund(t, gw, 400);
 });
+
+t.test('an upstream 200 that is not JSON → 502 upstream_bad_response, and the reservation is settled, refunded in full', async (t) => {
+  const { createServer } = await import('node:http');
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/html' });
+      res.end('<html>gateway page</html>');
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => server.close(() => resolve())));
+  const { port } = server.address() as { port: number };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${port}`, { billing: 'local' })] });
+  const res = await post(gw, chat);
+  t.equal(res.status, 502);
+  t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_bad_response' });
+  // Not left reserved (a restart would have charged it in full): settled, nothing charged.
+  await wholeRefund(t, gw, 502);
+});
