@@ -1,7 +1,7 @@
 // The app factory (STYLE §1): builds the Fastify instance from config and injectable services
 // (store, clock, metrics registry, upstream dispatchers). It never listens; server/main.ts does.
 
-import Fastify, { LogController, type FastifyInstance, type FastifyServerOptions } from 'fastify';
+import Fastify, { LogController, type FastifyInstance, type FastifyReply, type FastifyServerOptions } from 'fastify';
 import type { Dispatcher } from 'undici';
 import { Registry } from 'prom-client';
 import type { Config, UpstreamConfig } from './config.js';
@@ -17,6 +17,7 @@ import { PrefixMemo } from '../metering/prefix-memo.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
+import { NO_RETRY_HEADERS, envelope } from './errors.js';
 import type { Clock, Gateway } from './gateway.js';
 import chatRoute from '../routes/chat-completions.js';
 import completionsRoute from '../routes/completions.js';
@@ -68,6 +69,13 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // One structured line per request comes from the pipeline itself (SPEC §10).
     logController: new LogController({ disableRequestLogging: true }),
     requestIdHeader: false,
+    // A URL Fastify cannot even route (bad percent-encoding) gets the OpenAI envelope too.
+    frameworkErrors: (err, _request, reply) => {
+      void (reply as unknown as FastifyReply)
+        .code(400)
+        .headers(NO_RETRY_HEADERS)
+        .send(envelope('invalid_request', `the request URL is malformed: ${err.message}`, 'invalid_request_error'));
+    },
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });
 

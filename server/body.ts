@@ -55,7 +55,8 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     payload.on('end', () => {
       if (over) return finish(tooLarge(total, true));
       const text = Buffer.concat(chunks, total).toString('utf8');
-      if (text.trim() === '') return finish(new GatewayError('invalid_json', 'request body is empty: expected a JSON object'));
+      // An empty body is no body (a DELETE sent with a JSON content type); routes that need one say so.
+      if (text.trim() === '') return finish(null, undefined);
       try {
         finish(null, JSON.parse(text));
       } catch (err) {

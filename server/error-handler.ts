@@ -47,7 +47,9 @@ export function registerErrorHandling(app: FastifyInstance): void {
     }
     const fe = err as FastifyError;
     if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
-      return answer(fe.statusCode, fe.code ?? 'invalid_request', envelope(fe.code ?? 'invalid_request', fe.message, 'invalid_request_error'));
+      // Fastify's own 4xx (FST_ERR_…): the client's mistake, under the gateway's one code for it.
+      const code = fe.code && !fe.code.startsWith('FST_') ? fe.code : 'invalid_request';
+      return answer(fe.statusCode, code, envelope(code, fe.message, 'invalid_request_error'));
     }
     if (clientGone(request, reply.raw)) {
       // The client left (its request was aborted upstream and settled): nobody to answer.

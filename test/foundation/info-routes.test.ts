@@ -133,3 +133,20 @@ t.test('an unknown route: 404 in the OpenAI envelope, not to be retried', async 
   t.equal(res.headers.get('x-should-retry'), 'false');
   t.match(await res.json(), { error: { code: 'not_found', type: 'not_found_error', message: 'no route for GET /v1/foo' } });
 });
+
+t.test('a URL Fastify cannot decode, and an empty JSON body, get the OpenAI envelope', async (t) => {
+  const gw = await startGateway(t, { upstreams: [llamaUpstream('http://127.0.0.1:9')] });
+  const bad = await fetch(`${gw.url}/v1/conversations/%E0%A4%A/spend`);
+  t.equal(bad.status, 400);
+  t.equal(bad.headers.get('x-should-retry'), 'false');
+  t.match(await bad.json(), { error: { code: 'invalid_request', type: 'invalid_request_error', message: /request URL is malformed/ } });
+  // An empty body with a JSON content type is no body: the route says what it needs.
+  const empty = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '' });
+  t.equal(empty.status, 400);
+  t.match(await empty.json(), { error: { code: 'invalid_request', message: /must be a JSON object/ } });
+  // …and a DELETE that carries the header but no body works.
+  const admin = { authorization: 'Bearer admin-secret', 'content-type': 'application/json' };
+  const made = (await (await fetch(`${gw.url}/admin/keys`, { method: 'POST', headers: admin, body: JSON.stringify({ tenant: 'x' }) })).json()) as { id: string };
+  const del = await fetch(`${gw.url}/admin/keys/${made.id}`, { method: 'DELETE', headers: admin });
+  t.equal(del.status, 200);
+});
