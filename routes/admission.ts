@@ -13,17 +13,25 @@ import { checkAdmission } from '../metering/stores/admission-check.js';
 
 /** The plan's fields a request refused before planning finished has no figures for. */
 const NOT_PLANNED = {
+  model: null,
+  upstream: null,
   rows: null,
   row_tokens: null,
   longest_row: null,
   longest_row_index: null,
   sum_tokens: null,
   count_method: null,
+  count_is_upper_bound: null,
+  context_window: null,
+  conversation: null,
+  conversation_source: null,
   shared_prefix_tokens: null,
   charge: null,
   cost_usd: null,
   budgets: null,
+  run: null,
   mode: null,
+  final_reason: null,
   max_affordable_allowance: null,
 } as const;
 
@@ -57,9 +65,11 @@ const route: FastifyPluginAsync = async (app) => {
       if (!(err instanceof GatewayError)) throw err;
       // The request would be refused before planning finished: report what is known (the rows'
       // figures when they were counted), and the rest of the plan as null — not known, same shape.
+      const asked = (call.request as { model?: unknown } | null)?.model;
       return {
         endpoint: call.endpoint,
         ...NOT_PLANNED,
+        model: typeof asked === 'string' ? asked : null,
         ...err.context,
         limits: { ...gw.config.limits },
         verdict: verdictOf(err),

@@ -74,3 +74,25 @@ t.test('completions and embeddings are not runs: the run token budget does not h
   // A chat request of the same size is a run, and is held.
   t.equal((await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 80, messages: [{ role: 'user', content: row }] })).status, 402);
 });
+
+t.test('a request refused before planning finished gets the same shape, with null for what is not known', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 100 })] });
+  const admission = async (request: unknown) =>
+    (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })).json()) as Json;
+  const ok = await admission({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 5 });
+  const keys = Object.keys(ok).sort();
+  const cases = [
+    [{ model: 'nope-1', messages: [{ role: 'user', content: 'hi' }] }, 404],
+    [{ model: 'gpt-4o', messages: 'hi' }, 400],
+    [{ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 500 }, 413],
+  ] as const;
+  for (const [request, status] of cases) {
+    const refused = await admission(request);
+    t.equal((refused.verdict as Json).status, status);
+    t.same(Object.keys(refused).sort(), keys, `the ${status} has the plan's shape`);
+  }
+  const missing = await admission({ model: 'nope-1', messages: [{ role: 'user', content: 'hi' }] });
+  t.match(missing, { model: 'nope-1', upstream: null, sum_tokens: null, conversation: null, run: null });
+});
