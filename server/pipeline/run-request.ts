@@ -132,6 +132,8 @@ async function relayAdmitted(
         cost_usd: settled?.costUsd ?? null,
         overhead_ms: Math.round(overhead * 1e6) / 1e3,
         upstream_ms: Math.round(upstreamMs * 1e3) / 1e3,
+        // Prompt text only when the operator turned it on (`logging.prompts`; SPEC §10).
+        ...(gw.config.logging.prompts ? { prompt: plan.valid.messages ?? plan.valid.body.prompt ?? plan.valid.body.input ?? null } : {}),
       },
       'request settled',
     );

@@ -20,7 +20,7 @@ const PROMPT = 'purple-elephant-sonata-7731 tell me about it';
 
 type Line = Record<string, unknown>;
 
-async function loggedGateway(t: Test, level: string) {
+async function loggedGateway(t: Test, level: string, logging: Record<string, unknown> = {}) {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-log-'));
@@ -36,6 +36,7 @@ async function loggedGateway(t: Test, level: string) {
       store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
       upstreams: [openaiUpstream(upstream.url, { billing: 'local' }), { name: 'down', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['down-*'], billing: 'local' }],
       auth: { keys: [{ key: KEY, tenant: 'acme' }] },
+      logging,
     },
     {},
   );
@@ -125,4 +126,14 @@ t.test('neither the key nor the prompt text appears anywhere in the log, even at
   for (const secret of [KEY, 'tg-secret', UPSTREAM_KEY, 'purple-elephant', 'sonata-7731']) {
     t.notOk(out.includes(secret), `"${secret}" is not in the log`);
   }
+});
+
+t.test('logging.prompts: true adds the prompt to the request line (off by default, as above)', async (t) => {
+  const gw = await loggedGateway(t, 'info', { prompts: true });
+  const post = (body: unknown) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` }, body: JSON.stringify(body) });
+  t.equal((await post({ model: 'gpt-4o', messages: [{ role: 'user', content: PROMPT }], max_tokens: 10 })).status, 200);
+  const line = gw.lines().find((l) => l.msg === 'request settled');
+  t.same(line?.prompt, [{ role: 'user', content: PROMPT }]);
+  t.notOk(gw.output().includes(KEY), 'the key still is not');
 });
