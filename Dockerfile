@@ -20,6 +20,8 @@ COPY package.json ./
 RUN mkdir -p /data && chown node:node /data
 USER node
 WORKDIR /data
+# The SQLite ledger lives here: a volume, so it outlives the container.
+VOLUME /data
 EXPOSE 8787
 # Listening on 0.0.0.0 needs client keys: mount a config with auth.keys at TOLLGATE_CONFIG.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
