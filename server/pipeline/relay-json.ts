@@ -71,6 +71,11 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
     throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not JSON`);
   }
   if (!isObject(parsed)) throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not a JSON object`);
+  // A provider that reports a failure in a 200 (an error object and no answer) failed all the same.
+  if (isObject(parsed.error) && !Array.isArray(parsed.choices) && !Array.isArray(parsed.data)) {
+    const message = typeof parsed.error.message === 'string' ? parsed.error.message : JSON.stringify(parsed.error);
+    throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered 200 with an error: ${message}`);
+  }
   const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
   const texts = choices.map(choiceText);
   let body = parsed;
