@@ -232,9 +232,14 @@ async function relayAdmitted(
   settled = await settle(gw, plan, outcome);
   if (!raw.destroyed) {
     if (!streamed.started) streamHead(fallback ? { 'x-tollgate-fallback': 'evidence-excerpt' } : {});
+    // The excerpt's chunks carry an id of their own; its usage chunk then carries the same one.
+    let meta = streamed.meta;
     if (fallback) {
       const text = evidenceExcerpt(plan.valid.messages ?? []);
-      for (const chunk of excerptStreamChunks(plan.model, text, false)) raw.write(sseData(chunk));
+      const chunks = excerptStreamChunks(plan.model, text, false);
+      for (const chunk of chunks) raw.write(sseData(chunk));
+      const { choices: _c, ...first } = chunks[0] as Record<string, unknown>;
+      meta = first;
       gw.metrics.fallback.inc();
     }
     // After an error event there is no usage chunk: the stream ended in error (a final answer's
@@ -244,7 +249,7 @@ async function relayAdmitted(
         streamed.usage && !streamed.cut
           ? streamed.usage
           : { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
-      raw.write(sseData({ ...streamed.meta, choices: [], usage }));
+      raw.write(sseData({ ...meta, choices: [], usage }));
     }
     const trailer: Record<string, unknown> = {
       charge_tokens: settled.chargeTokens,

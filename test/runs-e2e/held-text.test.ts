@@ -58,4 +58,26 @@ t.test('a streamed fallback after a failed final turn still sends the usage chun
   const last = JSON.parse(events.at(-1)!.slice(6)) as { choices: unknown[]; usage: Record<string, number> };
   t.same(last.choices, []);
   t.same(last.usage, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }, 'the model generated nothing');
+  const ids = new Set(events.map((e) => (JSON.parse(e.slice(6)) as { id: string }).id));
+  t.equal(ids.size, 1, 'every chunk of the excerpt, its usage chunk too, has one id');
+});
+
+t.test('a streamed final turn that only proposed tools: the excerpt and its usage chunk share one id', async (t) => {
+  const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"more"}' }] });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+  const messages = [
+    { role: 'user', content: 'Find it.' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: 'found: it is here' },
+  ];
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, stream_options: { include_usage: true }, messages, tools: [{ type: 'function', function: { name: 'search' } }] }),
+  });
+  t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as { id: string; usage?: unknown });
+  t.ok(events.at(-1)?.usage, 'a usage chunk last');
+  t.equal(new Set(events.map((e) => e.id)).size, 1, 'one id for every chunk the client saw');
 });
