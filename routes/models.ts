@@ -6,6 +6,12 @@
 import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
+import type { Upstream } from '../server/upstreams.js';
+
+/** A model as the list and `retrieve` show it: OpenAI's fields, then the gateway's. */
+function modelEntry(id: string, u: Upstream, contextWindow: number | null) {
+  return { id, object: 'model', created: 0, owned_by: u.name, upstream: u.name, billing: u.billing, context_window: contextWindow };
+}
 
 const route: FastifyPluginAsync = async (app) => {
   app.get('/v1/models', { preHandler: requireClient }, async () => {
@@ -17,16 +23,7 @@ const route: FastifyPluginAsync = async (app) => {
       for (const id of u.config.models) {
         if (seen.has(id)) continue;
         seen.add(id);
-        data.push({
-          id,
-          object: 'model',
-          created: 0,
-          owned_by: u.name,
-          upstream: u.name,
-          billing: u.billing,
-          context_window: window,
-          pattern: /[*?]/.test(id),
-        });
+        data.push({ ...modelEntry(id, u, window), pattern: /[*?]/.test(id) });
       }
     }
     return { object: 'list', data };
@@ -37,15 +34,7 @@ const route: FastifyPluginAsync = async (app) => {
     const id = request.params.model;
     const u = gw.upstreams.route(id);
     if (!u) throw new GatewayError('model_not_found', `The model \`${id}\` does not exist or is not served by this gateway`, {}, 'model');
-    return {
-      id,
-      object: 'model',
-      created: 0,
-      owned_by: u.name,
-      upstream: u.name,
-      billing: u.billing,
-      context_window: await gw.counters.contextWindow(u, id),
-    };
+    return modelEntry(id, u, await gw.counters.contextWindow(u, id));
   });
 };
 

@@ -2,7 +2,7 @@
 // been the start of a `<tool_call>` tag) and released when the stream ended must still reach the
 // client — it is the answer, not lost, and no excerpt replaces it.
 
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 
@@ -38,8 +38,9 @@ t.test('text released by the filter at the end of a final stream reaches the cli
   t.ok(text.trimEnd().endsWith('data: [DONE]'));
 });
 
-t.test('a streamed fallback after a failed final turn still sends the usage chunk the client asked for', async (t) => {
-  const upstream = await startOpenAiDouble({ failWith: { status: 500, body: { error: { message: 'boom', type: 'server_error', param: null, code: null } } } });
+/** A run at its one-round bound asks for its final answer, streamed with usage; the SSE `data:` events. */
+async function finalTurnEvents(t: Test, upstreamOptions: Parameters<typeof startOpenAiDouble>[0]) {
+  const upstream = await startOpenAiDouble(upstreamOptions);
   t.teardown(upstream.close);
   const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
   const messages = [
@@ -54,30 +55,22 @@ t.test('a streamed fallback after a failed final turn still sends the usage chun
   });
   t.equal(res.status, 200);
   t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
-  const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {'));
-  const last = JSON.parse(events.at(-1)!.slice(6)) as { choices: unknown[]; usage: Record<string, number> };
+  return (await res.text())
+    .split('\n\n')
+    .filter((e) => e.startsWith('data: {'))
+    .map((e) => JSON.parse(e.slice(6)) as { id: string; choices: unknown[]; usage?: Record<string, number> });
+}
+
+t.test('a streamed fallback after a failed final turn still sends the usage chunk the client asked for', async (t) => {
+  const events = await finalTurnEvents(t, { failWith: { status: 500, body: { error: { message: 'boom', type: 'server_error', param: null, code: null } } } });
+  const last = events.at(-1)!;
   t.same(last.choices, []);
   t.same(last.usage, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }, 'the model generated nothing');
-  const ids = new Set(events.map((e) => (JSON.parse(e.slice(6)) as { id: string }).id));
-  t.equal(ids.size, 1, 'every chunk of the excerpt, its usage chunk too, has one id');
+  t.equal(new Set(events.map((e) => e.id)).size, 1, 'every chunk of the excerpt, its usage chunk too, has one id');
 });
 
 t.test('a streamed final turn that only proposed tools: the excerpt and its usage chunk share one id', async (t) => {
-  const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"more"}' }] });
-  t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
-  const messages = [
-    { role: 'user', content: 'Find it.' },
-    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
-    { role: 'tool', tool_call_id: 'c1', content: 'found: it is here' },
-  ];
-  const res = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, stream_options: { include_usage: true }, messages, tools: [{ type: 'function', function: { name: 'search' } }] }),
-  });
-  t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
-  const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as { id: string; usage?: unknown });
+  const events = await finalTurnEvents(t, { toolCalls: () => [{ name: 'search', arguments: '{"q":"more"}' }] });
   t.ok(events.at(-1)?.usage, 'a usage chunk last');
   t.equal(new Set(events.map((e) => e.id)).size, 1, 'one id for every chunk the client saw');
 });
