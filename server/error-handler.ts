@@ -10,8 +10,8 @@ declare module 'fastify' {
   interface FastifyRequest {
     /** Set once the pipeline wrote the request's "request settled" line. */
     settledLogged?: boolean;
-    /** A proxied request's model and the upstream it routes to (null: none), once its body is valid. */
-    routed?: { model: string; upstream: string | null };
+    /** A proxied request's model, once its body is valid (its upstream is looked up only on refusal). */
+    routedModel?: string;
   }
 }
 
@@ -30,10 +30,11 @@ export function registerErrorHandling(app: FastifyInstance): void {
     const gw = app.gateway;
     const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS) => {
       if (!request.settledLogged) {
-        const upstream = request.routed?.upstream ?? null;
+        const model = request.routedModel ?? null;
+        const upstream = model === null ? null : (gw.upstreams.route(model)?.name ?? null);
         if (request.url.startsWith('/v1/')) gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
         request.log.info(
-          { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model: request.routed?.model ?? null, upstream },
+          { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream },
           'request refused',
         );
       }

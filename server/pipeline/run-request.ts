@@ -51,7 +51,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const t0 = performance.now();
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
   const valid = validateRequest(kind, request.body);
-  request.routed = { model: valid.model, upstream: gw.upstreams.route(valid.model)?.name ?? null };
+  request.routedModel = valid.model;
   const principal = await gw.auth.authenticate(request.headers.authorization);
   request.principal = principal;
   const plan = await planRequest(gw, valid, principal, request.headers);
