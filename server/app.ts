@@ -46,6 +46,8 @@ export interface AppOptions {
    * does; default off, so a test that never counts does not pay ~0.6 s for them).
    */
   loadTokenizers?: boolean;
+  /** How long to wait for another process to let go of the SQLite ledger file (default 35 s; ADR 0016). */
+  ledgerLockWaitMs?: number;
 }
 
 declare module 'fastify' {
@@ -79,7 +81,15 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });
 
-  const ledger = opts.ledger ?? (await openStore(config.store));
+  // A gateway serves its SQLite file alone: it waits for a process still holding it (ADR 0016).
+  const ledger =
+    opts.ledger ??
+    (await openStore(config.store, {
+      sqliteOwner: {
+        waitMs: opts.ledgerLockWaitMs,
+        onWait: (path) => app.log.warn({ path }, 'the SQLite ledger is held by another Tollgate process: waiting for it to stop'),
+      },
+    }));
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
   // SQLite has one gateway process per file, so every open reservation at start was left by a
   // crash. Replicas sharing PostgreSQL may have requests in flight: there only reservations not

@@ -67,6 +67,11 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
+  // Another gateway serves the SQLite file (ADR 0016): the message says what to do, no stack needed.
+  if (err instanceof Error && err.name === 'LedgerInUseError') {
+    process.stderr.write(`tollgate: ${err.message}\n`);
+    process.exit(1);
+  }
   process.stderr.write(`tollgate: failed to start: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
   process.exit(1);
 });

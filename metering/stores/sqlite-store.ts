@@ -30,6 +30,7 @@ import {
 import { migrateSqlite } from './migrations-sqlite.js';
 import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
 import { WalCheckpointer, type CheckpointerStats } from './sqlite-checkpointer.js';
+import type { OwnerLock } from './sqlite-owner-lock.js';
 
 export interface SqliteLedgerOptions {
   path: string;
@@ -37,6 +38,8 @@ export interface SqliteLedgerOptions {
   synchronous?: 'NORMAL' | 'FULL';
   /** How long a writer waits for another connection's lock before failing (ms). */
   busyTimeoutMs?: number;
+  /** The file's owner lock, held by the gateway serving it; released when the store closes. */
+  owner?: OwnerLock | null;
 }
 
 interface ConversationRecord extends MoneyScopeState {
@@ -122,10 +125,12 @@ export class SqliteLedger implements Ledger {
   private pending: Pending[] = [];
   private flushScheduled = false;
   private readonly checkpointer: WalCheckpointer | null;
+  private readonly owner: OwnerLock | null;
   /** Chain and prefix of recently written or read heads (least recently used first). */
   private readonly headArrays = new Map<string, { chain: string[]; prefix: number[]; time: number; lastHash: string }>();
 
   constructor(opts: SqliteLedgerOptions) {
+    this.owner = opts.owner ?? null;
     this.db = new Database(opts.path);
     this.db.pragma('journal_mode = WAL');
     this.db.pragma(`synchronous = ${opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL'}`);
@@ -205,6 +210,7 @@ export class SqliteLedger implements Ledger {
     if (this.pending.length > 0) this.flush();
     await this.checkpointer?.close();
     if (this.db.open) this.db.close();
+    this.owner?.release();
   }
 
   async admit(r: Reservation): Promise<AdmitResult> {
