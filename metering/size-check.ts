@@ -38,6 +38,8 @@ export function checkSizes(
   plan: PlanFigures,
   limits: Partial<SizeLimits> = {},
   contextWindow: number | null = null,
+  /** False for embeddings: a row may then fill the whole window, nothing is generated after it. */
+  generates = true,
 ): SizeRefusal | null {
   const { maxRows, maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
   const method = plan.countMethod;
@@ -69,7 +71,7 @@ export function checkSizes(
     };
   }
 
-  if (contextWindow !== null) return checkWindow(plan, contextWindow);
+  if (contextWindow !== null) return checkWindow(plan, contextWindow, generates);
   return null;
 }
 
@@ -77,16 +79,19 @@ export function checkSizes(
  * Each row must fit the window with the output asked of it. An explicit allowance counts in full;
  * a default one was clamped to what is left (row-plan.ts), so only a prompt that leaves nothing
  * (prompt ≥ window: llama.cpp refuses exactly that, fixtures error-prompt-equals-ctx) is refused.
+ * An embedding row generates nothing: it may fill the window.
  */
-function checkWindow(plan: PlanFigures, window: number): SizeRefusal | null {
+function checkWindow(plan: PlanFigures, window: number, generates: boolean): SizeRefusal | null {
   const allowance = plan.explicitAllowance ? plan.perRowAllowance : 0;
-  const index = plan.rowTokens.findIndex((t) => (allowance > 0 ? t + allowance > window : t >= window));
+  const index = plan.rowTokens.findIndex((t) => (allowance > 0 ? t + allowance > window : generates ? t >= window : t > window));
   if (index < 0) return null;
-  const prompt = plan.rowTokens[index];
+  const prompt = plan.rowTokens[index]!;
   const asks = allowance > 0 ? ` and max_tokens asks for ${allowance} more` : '';
+  // A prompt exactly the window's size is not "more" than it: it leaves nothing to generate.
   const message =
-    `request too large: the prompt needs ${prompt} tokens${asks}, ` +
-    `more than the model's context window of ${window} tokens`;
+    allowance === 0 && prompt === window
+      ? `request too large: the prompt needs ${prompt} tokens, all of the model's context window of ${window} tokens, leaving none to generate`
+      : `request too large: the prompt needs ${prompt} tokens${asks}, more than the model's context window of ${window} tokens`;
   return {
     code: 'context_window_exceeded',
     message,

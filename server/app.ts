@@ -71,6 +71,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // One structured line per request comes from the pipeline itself (SPEC §10).
     logController: new LogController({ disableRequestLogging: true }),
     requestIdHeader: false,
+    // A conversation id may be 256 characters (server/pipeline/plan.ts); its spend and cap routes
+    // take it in the path, percent-encoded up to three bytes a character.
+    maxParamLength: 1024,
     // A URL Fastify cannot even route (bad percent-encoding) gets the OpenAI envelope too.
     frameworkErrors: (err, _request, reply) => {
       void (reply as unknown as FastifyReply)

@@ -8,6 +8,26 @@ import { GatewayError } from './errors.js';
 
 const DRAIN_FACTOR = 4;
 
+/** Nesting allowed in a request body: far deeper than any message list or tool schema needs. */
+export const MAX_JSON_DEPTH = 128;
+
+/** Whether `value` has objects or arrays nested more than `levels` deep (recursion bounded by it). */
+export function nestedDeeperThan(value: object, levels: number): boolean {
+  if (levels === 0) return true;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const child: unknown = value[i];
+      if (typeof child === 'object' && child !== null && nestedDeeperThan(child, levels - 1)) return true;
+    }
+    return false;
+  }
+  for (const key in value) {
+    const child: unknown = (value as Record<string, unknown>)[key];
+    if (typeof child === 'object' && child !== null && nestedDeeperThan(child, levels - 1)) return true;
+  }
+  return false;
+}
+
 /**
  * Room for `POST /v1/admission`'s wrapper (`{"endpoint": …, "request": …}`) around a request of the
  * limit's size: the limit applies to the request inside, whose verdict says `body_too_large` as
@@ -57,11 +77,18 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       const text = Buffer.concat(chunks, total).toString('utf8');
       // An empty body is no body (a DELETE sent with a JSON content type); routes that need one say so.
       if (text.trim() === '') return finish(null, undefined);
+      let body: unknown;
       try {
-        finish(null, JSON.parse(text));
+        body = JSON.parse(text);
       } catch (err) {
-        finish(new GatewayError('invalid_json', `request body is not valid JSON: ${(err as Error).message}`));
+        return finish(new GatewayError('invalid_json', `request body is not valid JSON: ${(err as Error).message}`));
       }
+      // Counting, hashing and forwarding walk the body recursively: a body nested thousands deep
+      // would overflow the stack part way through (a 500, or a 502 after admission) — refuse it here.
+      if (typeof body === 'object' && body !== null && nestedDeeperThan(body, MAX_JSON_DEPTH)) {
+        return finish(new GatewayError('invalid_json', `request body nests objects and arrays deeper than ${MAX_JSON_DEPTH} levels`, { max_depth: MAX_JSON_DEPTH }));
+      }
+      finish(null, body);
     });
   });
 }

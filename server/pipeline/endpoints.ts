@@ -41,11 +41,29 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-function optionalInt(body: Record<string, unknown>, key: string, min: number): number | null {
+/** The largest allowance a request may name: 2^31 − 1, above every model's output limit. */
+export const MAX_TOKENS_LIMIT = 2_147_483_647;
+
+function optionalInt(body: Record<string, unknown>, key: string, min: number, max = MAX_TOKENS_LIMIT): number | null {
   const v = body[key];
   if (v === undefined || v === null) return null;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min) invalid(key, `must be an integer ≥ ${min}`);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) invalid(key, `must be an integer from ${min} to ${max}`);
   return v;
+}
+
+/** An assistant message's tool calls: objects; a function call names its function, with string arguments. */
+function checkToolCalls(calls: unknown[], path: string): void {
+  calls.forEach((call, j) => {
+    if (!isObject(call)) invalid(`${path}[${j}]`, 'must be a tool call object');
+    if (call.type !== undefined && typeof call.type !== 'string') invalid(`${path}[${j}].type`, 'must be a string');
+    if (call.type === undefined || call.type === 'function') {
+      const fn = call.function;
+      if (!isObject(fn) || typeof fn.name !== 'string') invalid(`${path}[${j}].function.name`, 'must be a string');
+      if (fn.arguments !== undefined && fn.arguments !== null && typeof fn.arguments !== 'string') {
+        invalid(`${path}[${j}].function.arguments`, 'must be a string (JSON text)');
+      }
+    }
+  });
 }
 
 function checkMessages(v: unknown): ChatMessage[] {
@@ -61,10 +79,13 @@ function checkMessages(v: unknown): ChatMessage[] {
     if (Array.isArray(c)) {
       c.forEach((part, j) => {
         if (!isObject(part) || typeof part.type !== 'string') invalid(`messages[${i}].content[${j}]`, 'must be a content part with a type');
+        // A text part is counted: its text must be text.
+        if (part.type === 'text' && typeof part.text !== 'string') invalid(`messages[${i}].content[${j}].text`, 'must be a string');
       });
     }
-    if (m.tool_calls !== undefined && m.tool_calls !== null && !Array.isArray(m.tool_calls)) {
-      invalid(`messages[${i}].tool_calls`, 'must be an array');
+    if (m.tool_calls !== undefined && m.tool_calls !== null) {
+      if (!Array.isArray(m.tool_calls)) invalid(`messages[${i}].tool_calls`, 'must be an array');
+      checkToolCalls(m.tool_calls, `messages[${i}].tool_calls`);
     }
     if (m.name !== undefined && typeof m.name !== 'string') invalid(`messages[${i}].name`, 'must be a string');
   });
@@ -107,8 +128,7 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   const so = body.stream_options;
   if (so !== undefined && so !== null && !isObject(so)) invalid('stream_options', 'must be an object');
   const includeUsage = isObject(so) && so.include_usage === true;
-  const n = optionalInt(body, 'n', 1) ?? 1;
-  if (n > 128) invalid('n', 'must be at most 128');
+  const n = optionalInt(body, 'n', 1, 128) ?? 1;
   const mct = optionalInt(body, 'max_completion_tokens', 1);
   const mt = optionalInt(body, 'max_tokens', 1);
   const base = {

@@ -64,10 +64,19 @@ export interface Plan {
   head: ConversationHead | null;
 }
 
-function header(headers: Headers, name: string): string | null {
+/** Longest conversation id a client may name: its spend and cap routes take it in their path. */
+export const MAX_CONVERSATION_ID_LENGTH = 256;
+const PRINTABLE_ASCII = /^[\x20-\x7e]+$/;
+
+/** A conversation id from a header (trimmed; absent or blank is null), refused unless printable ASCII of a bounded length. */
+function idHeader(headers: Headers, name: string): string | null {
   const v = headers[name];
-  const s = Array.isArray(v) ? v[0] : v;
-  return s && s.trim().length > 0 ? s.trim() : null;
+  const s = (Array.isArray(v) ? v[0] : v)?.trim();
+  if (!s) return null;
+  if (s.length > MAX_CONVERSATION_ID_LENGTH || !PRINTABLE_ASCII.test(s)) {
+    throw new GatewayError('invalid_request', `${name}: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, name);
+  }
+  return s;
 }
 
 export function monthOf(ms: number): string {
@@ -119,7 +128,7 @@ function recountable(valid: ValidRequest): boolean {
 }
 
 async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[], remembered: PrefixMatch | null) {
-  const named = header(headers, 'x-tollgate-conversation');
+  const named = idHeader(headers, 'x-tollgate-conversation');
   if (named) return { conversation: named, source: 'header' as const };
   if (chain.length > 0) {
     // The remembered earlier list is most likely the previous request's (or the one it grew from):
@@ -177,14 +186,14 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       contextWindow,
     });
   let rows = rowsOf(counted);
-  let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
+  let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   // A refusal on an upper bound gets a second, exact count first where one stays linear (a large
   // minified JSON tool result): refused only when the true count is too large too.
   const exactly = sizeRefusal && counted.upperBound && recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
   if (exactly) {
     counted = await countAll(gw, upstream, valid, undefined, known, exactly);
     rows = rowsOf(counted);
-    sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow);
+    sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
   const countedAsSent = counted;
   if (sizeRefusal) {
@@ -200,7 +209,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     gw.prefixMemo.remember(memoScope, messages, chain, c && !c.upperBound ? { method: c.method, prefix: c.prefix } : null, remembered);
   }
   const { conversation, source } = await resolveConversation(gw, headers, principal, chain, remembered);
-  const parent = header(headers, 'x-tollgate-parent');
+  const parent = idHeader(headers, 'x-tollgate-parent');
   // A new conversation's id was made just now: it has no head and no runs to read.
   const head = source === 'new' ? null : await gw.ledger.getHead(conversation);
   // A conversation (or parent) named by another tenant is not this tenant's to spend in or read.

@@ -225,3 +225,87 @@ t.test('a pathological row is still refused on its upper bound, quickly', async 
   t.match(res.body.error.count_method, /upper-bound/);
   t.equal(upstream.requests.length, 0);
 });
+
+t.test('malformed tool calls, text parts, allowances and nesting are 400s naming the field, before anything is written', async (t) => {
+  const { upstream, post, gw } = await setup(t, {});
+  const chat = (extra: Record<string, unknown>, messages: unknown[] = [{ role: 'user', content: 'q' }]) => ({ model: 'gpt-4o', max_tokens: 4, messages, ...extra });
+  const cases: Array<[string, unknown, string]> = [
+    ['a null tool call', chat({}, [{ role: 'user', content: 'q' }, { role: 'assistant', content: null, tool_calls: [null] }]), 'messages[1].tool_calls[0]'],
+    ['a tool call without a function', chat({}, [{ role: 'user', content: 'q' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function' }] }]), 'messages[1].tool_calls[0].function.name'],
+    ['arguments that are not text', chat({}, [{ role: 'user', content: 'q' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 's', arguments: { q: 1 } } }] }]), 'messages[1].tool_calls[0].function.arguments'],
+    ['a text part whose text is a number', chat({}, [{ role: 'user', content: [{ type: 'text', text: 5 }] }]), 'messages[0].content[0].text'],
+    ['max_tokens past 2^31 − 1', chat({ max_tokens: 1e300 }), 'max_tokens'],
+    ['n past 128', chat({ n: 129 }), 'n'],
+  ];
+  for (const [what, request, param] of cases) {
+    const real = await post('/v1/chat/completions', request);
+    t.equal(real.status, 400, `${what}: 400`);
+    t.equal(real.body.error.param, param, `${what}: names ${param}`);
+    const plan = await post('/v1/admission', { endpoint: '/v1/chat/completions', request });
+    t.equal(plan.status, 200, `${what}: admission answers`);
+    t.same((plan.body.verdict as { error: unknown }).error, real.body, `${what}: with the same verdict`);
+  }
+  t.match((await post('/v1/chat/completions', chat({ max_tokens: 1e300 }))).body.error.message, /must be an integer from 1 to 2147483647/);
+
+  // 5,000 levels inside a content part, and 100,000 in a field the gateway never reads.
+  const deepPart = `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"q","x":${'{"a":'.repeat(5000)}1${'}'.repeat(5000)}}]}]}`;
+  const deepField = `{"model":"gpt-4o","messages":[{"role":"user","content":"q"}],"metadata":${'['.repeat(100_000)}${']'.repeat(100_000)}}`;
+  for (const body of [deepPart, deepField]) {
+    const res = await post('/v1/chat/completions', body);
+    t.equal(res.status, 400);
+    t.equal(res.body.error.code, 'invalid_json');
+    t.equal(res.body.error.message, 'request body nests objects and arrays deeper than 128 levels');
+  }
+  // 128 levels are fine.
+  const fine = await post('/v1/chat/completions', `{"model":"gpt-4o","max_tokens":4,"messages":[{"role":"user","content":"q"}],"metadata":${'['.repeat(126)}${']'.repeat(126)}}`);
+  t.equal(fine.status, 200, 'nesting at the limit goes through');
+
+  t.equal(upstream.requests.length, 1, 'only the request within bounds reached the upstream');
+  const rows = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows.length, 1, 'and only it has a ledger row');
+});
+
+t.test('a conversation id must be printable ASCII of at most 256 characters; one that long reaches its spend route', async (t) => {
+  const { gw } = await setup(t, {});
+  const send = (id: string) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': id },
+      body: JSON.stringify({ model: 'gpt-4o', max_tokens: 4, messages: [{ role: 'user', content: 'q' }] }),
+    });
+  const tooLong = await send('c'.repeat(257));
+  t.equal(tooLong.status, 400);
+  const body = (await tooLong.json()) as Envelope;
+  t.equal(body.error.param, 'x-tollgate-conversation');
+  t.equal(body.error.message, 'x-tollgate-conversation: must be at most 256 printable ASCII characters');
+  t.equal((await send('caf\u00e9')).status, 400, 'a byte past ASCII is refused too');
+  const longest = `conv:${'x'.repeat(251)}`;
+  t.equal((await send(longest)).status, 200);
+  const spend = await fetch(`${gw.url}/v1/conversations/${encodeURIComponent(longest)}/spend`);
+  t.equal(spend.status, 200, 'the spend route takes the longest id');
+  t.equal(((await spend.json()) as { conversation: string }).conversation, longest);
+});
+
+t.test('a prompt exactly the window: refused as leaving no room to generate; an embedding row that size fits', async (t) => {
+  const { post } = await setup(t, {}, { contextWindow: 64 });
+  // Find a text of exactly 64 tokens as the gateway counts a chat prompt (the template adds some).
+  const count = async (request: Record<string, unknown>, endpoint = '/v1/chat/completions') =>
+    (await post('/v1/admission', { endpoint, request })).body as unknown as { row_tokens: number[] | null; verdict: { error: Envelope | null } };
+  let words = 40;
+  let planned = await count({ model: 'gpt-4o', messages: [{ role: 'user', content: ' word'.repeat(words) }] });
+  words += 64 - (planned.row_tokens?.[0] ?? 0);
+  const request = { model: 'gpt-4o', messages: [{ role: 'user', content: ' word'.repeat(words) }] };
+  planned = await count(request);
+  t.equal(planned.row_tokens?.[0], 64);
+  const res = await post('/v1/chat/completions', request);
+  t.equal(res.status, 413);
+  t.equal(res.body.error.message, "request too large: the prompt needs 64 tokens, all of the model's context window of 64 tokens, leaving none to generate");
+
+  const input = ' word'.repeat(64 - tokens(' word'.repeat(64)) + 64);
+  t.equal(tokens(input), 64);
+  const embedded = await post('/v1/embeddings', { model: 'gpt-4o', input });
+  t.equal(embedded.status, 200, 'an embedding row may fill the window: nothing is generated after it');
+  const over = await post('/v1/embeddings', { model: 'gpt-4o', input: `${input} word` });
+  t.equal(over.status, 413);
+});
