@@ -10,6 +10,7 @@ import { SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
 import { OutputMeter, deltaText } from './output-meter.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
+import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -29,6 +30,11 @@ export interface StreamOutcome {
   /** Any content reached the client. */
   visibleText: boolean;
   toolsProposed: boolean;
+  /**
+   * A final turn wrote text and then proposed tools again: the evidence excerpt was added after
+   * the text, before the turn's finish (SPEC §5 — the text already reached the client).
+   */
+  excerptAppended: boolean;
   /** Chunk metadata (id, model, created) for chunks the gateway writes itself. */
   meta: Json;
   /** The response head was written (false: nothing reached the client yet). */
@@ -59,12 +65,16 @@ export async function relayStream(
     clientGone: false,
     visibleText: false,
     toolsProposed: false,
+    excerptAppended: false,
     meta: {},
     started: false,
   };
   // A final turn holds its first chunks back until visible text arrives, so that a turn that
   // only proposes tools can still be answered with the excerpt and its header (SPEC §5).
   let pending: string[] | null = filter ? [] : null;
+  // A final turn also holds back the chunks that finish its choices until the upstream has ended:
+  // a tool call proposed after the text has reached the client still gets the excerpt before them.
+  const heldFinish: string[] = [];
   let started = false;
   // While one upstream read is handled, what it produces is gathered into one string and written
   // once: every `res.write` is a chunk of its own (size line, data, CRLF) and a part of the socket
@@ -178,8 +188,10 @@ export async function relayStream(
       if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
       if (filter) next = filter.push(next);
       if (next) {
-        if (Array.isArray(next.choices) && next.choices.some((c) => isObject(c) && deltaText(c).trim() !== '')) out.visibleText = true;
-        write(sseData(next));
+        const nextChoices = Array.isArray(next.choices) ? next.choices : [];
+        if (nextChoices.some((c) => isObject(c) && deltaText(c).trim() !== '')) out.visibleText = true;
+        if (filter && nextChoices.some((c) => isObject(c) && typeof c.finish_reason === 'string')) heldFinish.push(sseData(next));
+        else write(sseData(next));
       }
     }
     // Every choice has ended (the gateway cut them or the upstream finished them).
@@ -213,6 +225,15 @@ export async function relayStream(
     out.visibleText = summary.visibleText;
     out.toolsProposed = summary.toolsProposed;
     if (summary.chunk) write(sseData(summary.chunk));
+    // Text went out, then the model proposed tools again: the turn is no answer (SPEC §5). The
+    // excerpt follows the text — it cannot be taken back — under its own first line. (With no text
+    // at all, the caller answers with the excerpt alone.)
+    if (out.toolsProposed && out.visibleText && !out.clientGone) {
+      const content = `\n\n${evidenceExcerpt(plan.valid.messages ?? [])}`;
+      for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { content }, finish_reason: null }] }));
+      out.excerptAppended = true;
+    }
+    for (const held of heldFinish) write(held);
   }
   if ((out.upstreamLost || out.upstreamError !== null) && !out.clientGone) {
     if (filter) {

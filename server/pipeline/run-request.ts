@@ -178,7 +178,8 @@ async function relayAdmitted(
     const texts = providerOutputTrusted(plan, json.usage)
       ? []
       : await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
-    const fallback = plan.mode === 'final-answer' && json.empty;
+    // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5).
+    const fallback = plan.mode === 'final-answer' && (json.empty || json.toolsProposed);
     outcome = {
       status: 200,
       countedOutput: texts.reduce((a, b) => a + b, 0),
@@ -226,7 +227,7 @@ async function relayAdmitted(
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.
     usage: streamed.cut ? null : streamed.usage,
     timings: streamed.timings,
-    fallback,
+    fallback: fallback || streamed.excerptAppended,
     refundAll: failedBeforeOutput,
   };
   settled = await settle(gw, plan, outcome);
@@ -257,7 +258,8 @@ async function relayAdmitted(
       cost_usd: settled.costUsd,
     };
     if (settled.notices.length > 0) trailer.notices = settled.notices;
-    if (fallback) trailer.fallback = 'evidence-excerpt';
+    if (fallback || streamed.excerptAppended) trailer.fallback = 'evidence-excerpt';
+    if (streamed.excerptAppended) gw.metrics.fallback.inc();
     raw.write(`: tollgate ${JSON.stringify(trailer)}\n\n`);
     raw.end('data: [DONE]\n\n');
   }

@@ -24,6 +24,8 @@ export interface OpenAiDoubleOptions {
   ignoreMaxTokens?: boolean;
   /** Answer with tool calls instead of text (return null to answer with text). */
   toolCalls?: (body: Json) => Array<{ name: string; arguments: string }> | null;
+  /** Text the model writes before its tool calls (content beside `tool_calls`; streamed first). */
+  toolCallText?: string;
   /** Answer every request with this status and body (and these headers). */
   failWith?: { status: number; body: unknown; headers?: Record<string, string> };
   /** Headers sent with every answer, as OpenAI sends `x-request-id` and `x-ratelimit-*`. */
@@ -123,7 +125,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
         isChat
           ? {
               index,
-              message: toolCalls ? { role: 'assistant', content: null, tool_calls: toolCalls } : { role: 'assistant', content: text },
+              message: toolCalls ? { role: 'assistant', content: o.toolCallText ?? null, tool_calls: toolCalls } : { role: 'assistant', content: text },
               finish_reason: toolCalls ? 'tool_calls' : finish,
             }
           : { index, text, finish_reason: finish },
@@ -141,6 +143,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
     if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
     let sent = 0;
     if (toolCalls) {
+      if (o.toolCallText) send(chunk([{ index: 0, delta: { content: o.toolCallText }, finish_reason: null }]));
       send(chunk([{ index: 0, delta: { tool_calls: toolCalls.map((t, i) => ({ index: i, ...t })) }, finish_reason: null }]));
     } else {
       for (let t = 0; t < count; t++) {

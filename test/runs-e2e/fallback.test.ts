@@ -4,7 +4,7 @@
 
 import t from 'tap';
 import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
 import { EXCERPT_FIRST_LINE } from '../../metering/runs/evidence-excerpt.js';
 import { client, runAgent, turn, chatRequests, searchWhileOffered, type Call } from './agent-loop.js';
 
@@ -45,6 +45,30 @@ for (const stream of [false, true]) {
     // 4. Labelled as a fallback, on a final turn.
     t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
     t.equal(final.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+  });
+
+  t.test(`a final turn that writes a line and then proposes tools again → the excerpt too (${mode})`, async (t) => {
+    // "Let me search once more." plus a call is no answer (SPEC §5: "proposes tools again").
+    const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"again"}' }], toolCallText: 'Let me search once more.' });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+    const run = await runAgent(client(gw.url), { question: 'What does Tollgate meter?', stream, conversation: `conv-text-then-tools-${mode}`, toolResult: result });
+    t.equal(run.turns.length, 2, 'one tool round, then the final turn');
+    const final = run.turns[1]!;
+    t.same(final.toolCalls, [], 'no tool calls reach the client');
+    t.not(final.finishReason, 'tool_calls');
+    t.match(final.content, /EVIDENCE<\{"q":"again"\}> Tollgate meters tokens and money\./, 'the tool result is in the answer');
+    if (stream) {
+      // The line had already gone out when the call came: the excerpt follows it, labelled.
+      t.ok(final.content.startsWith('Let me search once more.\n\n' + EXCERPT_FIRST_LINE), 'the streamed line, then the excerpt under its first line');
+      const rows = [];
+      for await (const r of gw.ledger.exportRows(null, null)) rows.push(r);
+      t.equal(rows.at(-1)?.fallback, true, 'the ledger marks the turn as answered with the excerpt');
+    } else {
+      t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE, 'the excerpt in place of the line');
+      t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+    }
+    t.equal(await metricValue(gw.registry, 'tollgate_fallback_total'), 1);
   });
 
   t.test(`the final-answer upstream failing → evidence excerpt, 200 (${mode})`, async (t) => {
