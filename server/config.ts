@@ -34,7 +34,8 @@ export interface RunBoundsConfig {
   maxToolRounds: number | null;
   timeBudgetSeconds: number | null;
   patience: number | null;
-  answerReserveTokens: number;
+  /** Null when not configured: 1,024, or a quarter of a smaller token budget (metering/runs/bounds.ts). */
+  answerReserveTokens: number | null;
 }
 
 export interface RunsConfig extends RunBoundsConfig {
@@ -84,7 +85,7 @@ export const DEFAULT_RUNS: RunsConfig = Object.freeze({
   maxToolRounds: 12,
   timeBudgetSeconds: 300,
   patience: 3,
-  answerReserveTokens: 1024,
+  answerReserveTokens: null,
   writeTools: [],
 });
 
@@ -99,8 +100,9 @@ function readRunBounds(r: Reader, partial: boolean): Partial<RunBoundsConfig> {
   pick('maxToolRounds', r.intOrNull('maxToolRounds', d?.maxToolRounds, 1, 64));
   pick('timeBudgetSeconds', r.intOrNull('timeBudgetSeconds', d?.timeBudgetSeconds, 1, 86_400));
   pick('patience', r.intOrNull('patience', d?.patience, 1, 100));
-  const reserve = r.int('answerReserveTokens', d?.answerReserveTokens, 0, 1 << 20);
+  const reserve = r.int('answerReserveTokens', undefined, 0, 1 << 20);
   if (reserve !== undefined) out.answerReserveTokens = reserve;
+  else if (d) out.answerReserveTokens = d.answerReserveTokens;
   return out;
 }
 

@@ -13,8 +13,11 @@ export interface RunBounds {
   timeBudgetSeconds: number | null;
   /** Identical read-only call/result batches in a row that end the research. */
   patience: number | null;
-  /** Tokens of the budget kept back so the final answer always fits. */
-  answerReserveTokens: number;
+  /**
+   * Tokens of the budget kept back so the final answer always fits. Null (not configured): 1,024,
+   * or a quarter of a smaller token budget — see `answerReserveFor`.
+   */
+  answerReserveTokens: number | null;
 }
 
 export const DEFAULT_RUN_BOUNDS: Readonly<RunBounds> = Object.freeze({
@@ -22,8 +25,23 @@ export const DEFAULT_RUN_BOUNDS: Readonly<RunBounds> = Object.freeze({
   tokenBudget: 65_536,
   timeBudgetSeconds: 300,
   patience: 3,
-  answerReserveTokens: 1024,
+  answerReserveTokens: null,
 });
+
+/** The reserve when none is configured, and its share of a smaller budget. */
+export const DEFAULT_ANSWER_RESERVE_TOKENS = 1024;
+const DEFAULT_RESERVE_SHARE = 4;
+
+/**
+ * The answer reserve that applies: the configured one, else 1,024 tokens — or a quarter of the run
+ * token budget when that is smaller, so that a small budget (a test, a cheap tenant) still leaves
+ * room for tool rounds instead of sending every turn in final-answer mode.
+ */
+export function answerReserveFor(bounds: Pick<RunBounds, 'answerReserveTokens' | 'tokenBudget'>): number {
+  if (bounds.answerReserveTokens !== null) return bounds.answerReserveTokens;
+  if (bounds.tokenBudget === null) return DEFAULT_ANSWER_RESERVE_TOKENS;
+  return Math.min(DEFAULT_ANSWER_RESERVE_TOKENS, Math.floor(bounds.tokenBudget / DEFAULT_RESERVE_SHARE));
+}
 
 // Ranges agree with server/config.ts, so an override accepted here is accepted there.
 const RANGES: Record<keyof RunBounds, { min: number; max: number; nullable: boolean }> = {
@@ -154,7 +172,7 @@ export function decideMode(input: ModeInput): ModeDecision {
       return 'time';
     }
     // One more round must leave the answer's reserve untouched.
-    if (remaining !== null && i.neededTokens > remaining - bounds.answerReserveTokens) return 'tokens';
+    if (remaining !== null && i.neededTokens > remaining - answerReserveFor(bounds)) return 'tokens';
     return null;
   }
 }

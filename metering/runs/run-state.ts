@@ -154,18 +154,24 @@ export function chainHashes(messages: readonly ChatMessage[], known: readonly st
 }
 
 /**
- * A stable key for the run: the hash of messages[0..lastUserIndex] — the same for every request
- * of one question's research, different for the next question. With no user message at all the
- * key covers the leading messages before the first assistant or tool turn (the system prompt),
- * which is as stable as such a client allows. Combine it with the conversation id: two
- * conversations asking the same first question have the same key.
+ * A stable key for the run: which user message it answers — how many user messages the list holds,
+ * and the last one's digest. The same for every request of one question's research, different for
+ * the next question (even a repeated "go on": the count moves). Nothing else up to the question is
+ * in it, so a system prompt rewritten every turn (a clock line, a changed instruction) does not
+ * start a new run with a fresh budget and clock (seed 000: such a turn is charged in full, against
+ * the same research). With no user message at all the key covers the leading messages before the
+ * first assistant or tool turn (the system prompt), which is as stable as such a client allows.
+ * Combine it with the conversation id: two conversations asking the same question have the same key.
  */
 export function runKey(messages: readonly ChatMessage[], chain?: readonly string[]): string {
-  let anchor = findLastUserIndex(messages);
-  if (anchor < 0) {
-    anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
-    if (anchor < -1) anchor = messages.length - 1;
+  const lastUser = findLastUserIndex(messages);
+  if (lastUser >= 0) {
+    let users = 0;
+    for (let i = 0; i <= lastUser; i++) if (messages[i]!.role === 'user') users++;
+    return sha256Hex(`user ${users} ${messageDigest(messages[lastUser]!)}`);
   }
+  let anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
+  if (anchor < -1) anchor = messages.length - 1;
   if (anchor < 0) return sha256Hex('');
   // A caller that already has the chain of `messages` passes it: each link covers only its prefix.
   return (chain ?? chainHashes(messages.slice(0, anchor + 1)))[anchor]!;

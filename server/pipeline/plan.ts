@@ -13,7 +13,7 @@ import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
 import { checkSizes } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
-import { decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
+import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
 import { sha256Hex, canonicalJson } from '../../metering/canonical-json.js';
 import { uuidV7 } from '../../metering/ids.js';
@@ -225,7 +225,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
   const runState = messages && source !== 'new' ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
-  const merged = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
+  const combined = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
+  // The reserve that applies, as a figure (what /v1/admission shows), from the budget it comes out of.
+  const merged: RunBounds = { ...combined, answerReserveTokens: answerReserveFor(combined) };
   // Completions and embeddings are not research runs: no run token budget holds them (their size
   // is bounded by the 413 limits, their money by the caps).
   const bounds = messages ? merged : { ...merged, tokenBudget: null };

@@ -57,8 +57,14 @@ t.test('a misspelt field at any depth is an error, not a silent default', async 
 t.test("the answer's reserve must be smaller than the token budget it is taken from", async (t) => {
   const base = { upstreams: [upstream()] };
   t.match(configError({ ...base, runs: { tokenBudget: 2000, answerReserveTokens: 5000 } }), /^runs\.answerReserveTokens: 5000 must be less than the run token budget it applies with \(2000\)/);
-  // A tenant's budget under the global reserve of 1,024, and a key's reserve over its tenant's budget.
-  t.match(configError({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }] }), /^tenants\[0\]\.runs\.answerReserveTokens: 1024 must be less than .* \(1000\)/);
+  // A tenant's budget under a configured global reserve, and a key's reserve over its tenant's budget.
+  t.match(
+    configError({ ...base, runs: { answerReserveTokens: 1024 }, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }] }),
+    /^tenants\[0\]\.runs\.answerReserveTokens: 1024 must be less than .* \(1000\)/,
+  );
+  // No reserve configured: the default follows the budget (a quarter of a small one), so any budget starts.
+  t.doesNotThrow(() => parseConfig({ ...base, runs: { tokenBudget: 1000 } }, {}));
+  t.doesNotThrow(() => parseConfig({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }], auth: { keys: [{ key: 'tg-k', tenant: 't', runs: { tokenBudget: 1 } }] } }, {}));
   t.match(
     configError({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 4000 } }], auth: { keys: [{ key: 'tg-k', tenant: 't', runs: { answerReserveTokens: 4000 } }] } }),
     /^auth\.keys\[0\]\.runs\.answerReserveTokens: 4000 must be less than .* \(4000\)/,
@@ -71,7 +77,7 @@ t.test("the answer's reserve must be smaller than the token budget it is taken f
 t.test('defaults', async (t) => {
   const c = parseConfig({ upstreams: [upstream()] }, {});
   t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
-  t.same(c.runs, { tokenBudget: 65_536, maxToolRounds: 12, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: 1024, writeTools: [] });
+  t.same(c.runs, { tokenBudget: 65_536, maxToolRounds: 12, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: null, writeTools: [] });
   t.same(c.store, { kind: 'sqlite', path: 'tollgate.db', synchronous: 'NORMAL' });
   t.same(c.auth.keys, [], 'no keys: a loopback development setup');
   t.equal(c.metrics.token, null, 'metrics open by default');

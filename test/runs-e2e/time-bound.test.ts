@@ -50,3 +50,27 @@ for (const stream of [false, true]) {
     t.ok(Array.isArray(chatRequests(upstream)[3]!.tools));
   });
 }
+
+t.test('a system prompt with a clock line, rewritten every turn, keeps the run: its time bound still ends it', async (t) => {
+  // Seed 000: such a turn shares nothing and is charged in full — against the same research.
+  const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { timeBudgetSeconds: 60 } }, { clock: true });
+  const c = client(gw.url);
+  const clock = () => ({ role: 'system' as const, content: `You are a research agent. Current time: ${new Date(gw.now.ms).toISOString()}` });
+  const history: Parameters<typeof turn>[1] = [{ role: 'user', content: 'Which upstreams does Tollgate support?' }];
+  const ask = () => turn(c, [clock(), ...history], { stream: false, conversation: 'conv-clock' });
+
+  const first = await ask();
+  t.equal(first.toolCalls.length, 1);
+  appendToolRound(history, first.toolCalls, defaultToolResult);
+  gw.now.ms += 40_000;
+  const second = await ask();
+  t.equal(second.headers.get('x-tollgate-notice'), null, 'inside the bound: another round');
+  t.equal(second.headers.get('x-tollgate-shared-prefix-tokens'), '0', 'the new clock line shares nothing: charged in full');
+  appendToolRound(history, second.toolCalls, defaultToolResult);
+  gw.now.ms += 40_000;
+  const third = await ask();
+  t.equal(third.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=time', '80 s after the run began: the answer');
+  t.same(third.toolCalls, []);
+});

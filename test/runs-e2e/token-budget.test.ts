@@ -146,3 +146,26 @@ t.test('a max_tokens larger than the answer reserve still ends in an answer, not
   const charged = rows.reduce((n, r) => n + r.charge_tokens, 0);
   t.ok(charged <= budget, `charged ${charged} ≤ ${budget}`);
 });
+
+t.test('a small run budget with no reserve configured: a quarter of it is kept for the answer, tool rounds still run', async (t) => {
+  // The default reserve of 1,024 would not fit a 1,000-token budget: every tool turn would be a
+  // final answer, and the config used to refuse to start.
+  const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 1000 } });
+  const request = {
+    model: 'gpt-4o-mini',
+    max_tokens: 50,
+    messages: [{ role: 'user', content: 'Which tokenizers?' }],
+    tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }],
+  };
+  const plan = (await (
+    await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })
+  ).json()) as { mode: string; run: { bounds: { answerReserveTokens: number } } };
+  t.equal(plan.run.bounds.answerReserveTokens, 250, 'admission shows the reserve that applies');
+  t.equal(plan.mode, 'normal');
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(request) });
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), null, 'a normal tool round, not the final answer');
+  t.ok(Array.isArray(chatRequests(upstream)[0]!.tools), 'tools were offered to the model');
+});

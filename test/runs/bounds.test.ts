@@ -2,6 +2,7 @@ import t from 'tap';
 import type { ChatMessage } from '../../metering/types.js';
 import {
   DEFAULT_RUN_BOUNDS,
+  answerReserveFor,
   decideMode,
   mergeRunBounds,
   validateRunBounds,
@@ -28,8 +29,17 @@ function input(over: Over = {}): ModeInput {
 }
 
 t.test('defaults', async (t) => {
-  t.same(DEFAULT_RUN_BOUNDS, { maxToolRounds: 12, tokenBudget: 65_536, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: 1024 });
+  t.same(DEFAULT_RUN_BOUNDS, { maxToolRounds: 12, tokenBudget: 65_536, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: null });
   t.ok(Object.isFrozen(DEFAULT_RUN_BOUNDS));
+});
+
+t.test('the answer reserve: as configured, else 1,024 or a quarter of a smaller budget', async (t) => {
+  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 65_536 }), 1024);
+  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 4096 }), 1024);
+  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 1000 }), 250);
+  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: null }), 1024);
+  t.equal(answerReserveFor({ answerReserveTokens: 300, tokenBudget: 1000 }), 300);
+  t.equal(answerReserveFor({ answerReserveTokens: 0, tokenBudget: 1000 }), 0);
 });
 
 t.test('validateRunBounds names the bad field', async (t) => {

@@ -139,9 +139,17 @@ t.test('runKey is stable within a run and changes with the next question', async
   const turn3 = [...turn2, ...round(2, 'read', '{}', 'w')];
   t.equal(runKey(turn2), runKey(start));
   t.equal(runKey(turn3), runKey(start));
-  t.equal(runKey(start), chainHashes(start)[1]);
   const next = [...turn3, { role: 'assistant', content: 'answer' }, user('q2')];
   t.not(runKey(next), runKey(start));
+
+  // A system prompt rewritten every turn (a clock line) keeps the run: only the question marks it.
+  const clocked = [{ role: 'system', content: 's — the time is 12:03' }, ...turn3.slice(1)];
+  t.equal(runKey(clocked), runKey(start), 'a changed system prompt is the same run');
+  // The same words asked again are the next question all the same.
+  const goOn = [...next, { role: 'assistant', content: 'more?' }, user('go on')];
+  const goOnAgain = [...goOn, { role: 'assistant', content: 'more?' }, user('go on')];
+  t.not(runKey(goOnAgain), runKey(goOn), 'a repeated "go on" is a new run');
+  t.not(runKey([user('a'), { role: 'assistant', content: 'x' }, user('b')]), runKey([user('b')]), 'the count of questions is in the key');
 
   const noUser = [{ role: 'system', content: 's' }, ...round(1, 'read', '{}', 'v')];
   t.equal(runKey(noUser), runKey([...noUser, ...round(2, 'read', '{}', 'w')]), 'anchored on the leading system prompt');
