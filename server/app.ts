@@ -73,13 +73,27 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     requestIdHeader: false,
     // A conversation id may be 256 characters (server/pipeline/plan.ts); its spend and cap routes
     // take it in the path, percent-encoded up to three bytes a character.
-    maxParamLength: 1024,
+    routerOptions: { maxParamLength: 1024 },
     // A URL Fastify cannot even route (bad percent-encoding) gets the OpenAI envelope too.
     frameworkErrors: (err, _request, reply) => {
       void (reply as unknown as FastifyReply)
         .code(400)
         .headers(NO_RETRY_HEADERS)
         .send(envelope('invalid_request', `the request URL is malformed: ${err.message}`, 'invalid_request_error'));
+    },
+    // What Node's HTTP parser refuses before there is a request (a header too large, control
+    // characters, Content-Length beside Transfer-Encoding) is answered in the OpenAI envelope too.
+    clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {
+      if (!socket.writable) return;
+      const headersTooLarge = err.code === 'HPE_HEADER_OVERFLOW';
+      const status = headersTooLarge ? 431 : 400;
+      const body = JSON.stringify(
+        envelope('invalid_request', headersTooLarge ? 'the request headers are too large' : `the request is not valid HTTP: ${err.code ?? err.message}`, 'invalid_request_error'),
+      );
+      socket.end(
+        `HTTP/1.1 ${status} ${headersTooLarge ? 'Request Header Fields Too Large' : 'Bad Request'}\r\n` +
+          `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-should-retry: false\r\nconnection: close\r\n\r\n${body}`,
+      );
     },
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });

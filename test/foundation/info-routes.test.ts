@@ -3,6 +3,7 @@
 
 import t from 'tap';
 import OpenAI from 'openai';
+import { connect } from 'node:net';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.js';
@@ -149,4 +150,25 @@ t.test('a URL Fastify cannot decode, and an empty JSON body, get the OpenAI enve
   const made = (await (await fetch(`${gw.url}/admin/keys`, { method: 'POST', headers: admin, body: JSON.stringify({ tenant: 'x' }) })).json()) as { id: string };
   const del = await fetch(`${gw.url}/admin/keys/${made.id}`, { method: 'DELETE', headers: admin });
   t.equal(del.status, 200);
+});
+
+t.test('requests Node refuses before routing (bad framing, huge headers) get the OpenAI envelope', async (t) => {
+  const gw = await startGateway(t, { upstreams: [llamaUpstream('http://127.0.0.1:9')] });
+  const { port } = new URL(gw.url);
+  const raw = (request: string) =>
+    new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(port), '127.0.0.1', () => socket.end(request));
+      let text = '';
+      socket.on('data', (d) => (text += d.toString('latin1')));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+  const both = await raw('POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n{}');
+  t.match(both, /^HTTP\/1\.1 400 /);
+  t.match(both, /x-should-retry: false/);
+  t.match(JSON.parse(both.slice(both.indexOf('\r\n\r\n') + 4)), { error: { code: 'invalid_request', type: 'invalid_request_error', message: /not valid HTTP/ } });
+  const huge = await raw(`GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: ${'a'.repeat(20_000)}\r\n\r\n`);
+  t.match(huge, /^HTTP\/1\.1 431 /);
+  t.match(JSON.parse(huge.slice(huge.indexOf('\r\n\r\n') + 4)), { error: { code: 'invalid_request', message: 'the request headers are too large' } });
+  t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'and the gateway goes on serving');
 });
