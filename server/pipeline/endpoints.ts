@@ -118,6 +118,8 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
   }
   if (rows.length === 0) invalid(param, 'must not be empty');
   if (!allowEmptyString) rows.forEach((r, i) => r.kind === 'text' && r.text.length === 0 && invalid(`${param}[${i}]`, 'must not be empty'));
+  // A row of token ids names at least one token (an empty one is no prompt, and no input).
+  rows.forEach((r, i) => r.kind === 'tokens' && r.length === 0 && invalid(`${param}[${i}]`, 'must not be an empty list of token ids'));
 }
 
 export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest {

@@ -246,6 +246,14 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
     t.same((plan.body.verdict as { error: unknown }).error, real.body, `${what}: with the same verdict`);
   }
   t.match((await post('/v1/chat/completions', chat({ max_tokens: 1e300 }))).body.error.message, /must be an integer from 1 to 2147483647/);
+  for (const [path, body, param] of [
+    ['/v1/completions', { model: 'gpt-4o', prompt: [[]] }, 'prompt[0]'],
+    ['/v1/embeddings', { model: 'gpt-4o', input: [[1, 2], []] }, 'input[1]'],
+  ] as const) {
+    const res = await post(path, body);
+    t.equal(res.status, 400, `${path}: an empty row of token ids is a 400`);
+    t.equal(res.body.error.param, param);
+  }
 
   // 5,000 levels inside a content part, and 100,000 in a field the gateway never reads.
   const deepPart = `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"q","x":${'{"a":'.repeat(5000)}1${'}'.repeat(5000)}}]}]}`;
