@@ -31,8 +31,9 @@ interface ConversationRecord extends MoneyScopeState {
 
 export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResult> {
   const named = effectiveParent(r);
-  // 1. Make sure every row exists, in one round trip (no locks taken on rows that already exist),
-  // and read the parent the conversation already has: that one holds, whatever the request names.
+  // 1. Make sure every row exists, so it can be locked, in one round trip (no locks taken on rows
+  // that already exist), and read the parent the conversation already has: that one holds,
+  // whatever the request names. Rows made here are only kept if the request is admitted.
   const existing = await c.query<{ parent: string | null }>(
     `WITH conv AS (
        INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id ON CONFLICT (id) DO NOTHING
@@ -67,12 +68,6 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
   if (effectiveParent(r, locked) !== parent) {
     throw Object.assign(new Error(`conversation ${r.conversation} was given parent ${locked} by a concurrent request`), { code: '40001' });
   }
-  // Claim an unowned conversation (a cap set before its first request), as SQLite does even when
-  // the request is refused.
-  await c.query(
-    `UPDATE conversations SET tenant = COALESCE(tenant, $2), parent = COALESCE(parent, $3) WHERE id = $1`,
-    [r.conversation, r.tenant, parent],
-  );
   const month = await c.query<{ spent_usd: number; reserved_usd: number; monthly_budget_usd: number | null }>(
     `SELECT m.spent_usd, m.reserved_usd, t.monthly_budget_usd
      FROM tenant_months m LEFT JOIN tenants t ON t.id = m.tenant
@@ -92,24 +87,33 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
   });
   if (!verdict.ok) return verdict;
 
-  // 3. Reserve: the row, the run's tokens, the money — one statement (every row it writes is
-  // already locked above, so the order inside it does not matter).
+  // 3. Reserve: the row, the run's tokens, the claim of the conversation (an owner and a first
+  // parent, never replaced) and the money — one statement (every row it writes is already locked
+  // above, so the order inside it does not matter). Only now: a refusal returns above, and the
+  // store rolls its transaction back, rows made sure of in step 1 included.
   const cols = reservationColumns(r, parent);
   const n = RESERVATION_COLUMNS.length;
-  const money =
-    r.worstCaseUsd === null
-      ? ''
-      : `, conv AS (UPDATE conversations SET reserved_usd = reserved_usd + $${n + 3}::double precision WHERE id = ANY($${n + 4}::text[]))
-         , mon AS (UPDATE tenant_months SET reserved_usd = reserved_usd + $${n + 3}::double precision WHERE tenant = $${n + 5} AND month = $${n + 6})`;
+  const w = r.worstCaseUsd;
+  const money = w === null ? '' : `, mon AS (UPDATE tenant_months SET reserved_usd = reserved_usd + $${n + 3} WHERE tenant = $${n + 5} AND month = $${n + 8})`;
   await c.query(
     `WITH ins AS (${INSERT_ROW})
-     , run AS (UPDATE runs SET used_tokens = used_tokens + $${n + 1}::bigint WHERE id = $${n + 2})${money}
+     , run AS (UPDATE runs SET used_tokens = used_tokens + $${n + 1}::bigint WHERE id = $${n + 2})
+     , conv AS (UPDATE conversations SET reserved_usd = reserved_usd + $${n + 3}::double precision,
+         tenant = CASE WHEN id = $${n + 4}::text THEN COALESCE(tenant, $${n + 5}::text) ELSE tenant END,
+         parent = CASE WHEN id = $${n + 4}::text THEN COALESCE(parent, $${n + 6}::text) ELSE parent END
+       WHERE id = ANY($${n + 7}::text[]))${money}
      SELECT 1`,
     [
       ...RESERVATION_COLUMNS.map((k) => cols[k]),
       reservedTokens(r),
       r.run,
-      ...(r.worstCaseUsd === null ? [] : [r.worstCaseUsd, convIds, r.tenant, r.month]),
+      w ?? 0,
+      r.conversation,
+      r.tenant,
+      parent,
+      // Without money only the conversation's own row has anything to write.
+      w === null ? [r.conversation] : convIds,
+      ...(w === null ? [] : [r.month]),
     ],
   );
   return { ok: true };

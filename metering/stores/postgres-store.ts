@@ -81,13 +81,14 @@ export class PostgresLedger implements Ledger {
     await this.pool.end();
   }
 
-  private async tx<T>(fn: (c: Client) => Promise<T>): Promise<T> {
+  /** Runs `fn` in a transaction, committed when `keep` says so (by default always), else rolled back. */
+  private async tx<T>(fn: (c: Client) => Promise<T>, keep: (out: T) => boolean = () => true): Promise<T> {
     for (let attempt = 1; ; attempt++) {
       const c = await this.pool.connect();
       try {
         await c.query('BEGIN');
         const out = await fn(c);
-        await c.query('COMMIT');
+        await c.query(keep(out) ? 'COMMIT' : 'ROLLBACK');
         return out;
       } catch (err) {
         await c.query('ROLLBACK').catch(() => undefined);
@@ -99,7 +100,10 @@ export class PostgresLedger implements Ledger {
   }
 
   async admit(r: Reservation): Promise<AdmitResult> {
-    return this.tx((c) => admitLocked(c, r));
+    // A refusal is rolled back: admission inserts the rows it locks (a new conversation, its
+    // parent, the run, the month) before it can check, and a refusal must leave none of them
+    // (SPEC §2.4) — a kept run would start its clock at the refusal. The same round trip as COMMIT.
+    return this.tx((c) => admitLocked(c, r), (verdict) => verdict.ok);
   }
 
   async settle(id: string, s: Settlement, head?: ConversationHead): Promise<MonthAfterSettle | null> {

@@ -6,15 +6,19 @@ import { RESERVATION_COLUMNS, SETTLEMENT_COLUMNS } from './ledger-row.js';
 export function prepareSqlite(db: Database.Database) {
   const s = (sql: string) => db.prepare(sql);
   return {
-    claimConversation: s(`INSERT INTO conversations (id, tenant, parent) VALUES (@id, @tenant, @parent)
+    // Admission writes only once it has admitted (a refusal changes nothing): each reserve
+    // statement creates its row or adds to it. The request's own conversation is claimed (an owner
+    // and a first parent are never replaced); a parent is only drawn on.
+    reserveConversation: s(`INSERT INTO conversations (id, tenant, parent, reserved_usd)
+      VALUES (@id, @tenant, @parent, @reserved)
       ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
-        parent = COALESCE(conversations.parent, excluded.parent)`),
-    ensureConversation: s(`INSERT INTO conversations (id, tenant) VALUES (@id, @tenant)
-      ON CONFLICT (id) DO NOTHING`),
+        parent = COALESCE(conversations.parent, excluded.parent),
+        reserved_usd = reserved_usd + excluded.reserved_usd`),
+    reserveParent: s(`INSERT INTO conversations (id, tenant, reserved_usd) VALUES (@id, @tenant, @reserved)
+      ON CONFLICT (id) DO UPDATE SET reserved_usd = reserved_usd + excluded.reserved_usd`),
     getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
       tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns
       FROM conversations WHERE id = ?`),
-    addConversationReserved: s('UPDATE conversations SET reserved_usd = reserved_usd + ? WHERE id = ?'),
     settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
       spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + 1,
       plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work
@@ -30,15 +34,18 @@ export function prepareSqlite(db: Database.Database) {
       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
         tenant = COALESCE(conversations.tenant, excluded.tenant)`),
 
-    ensureRun: s(`INSERT INTO runs (id, conversation, started_at, budget_tokens)
-      VALUES (@id, @conversation, @started_at, @budget_tokens) ON CONFLICT (id) DO NOTHING`),
+    // A run starts (its clock and its budget) with its first admitted request.
+    reserveRun: s(`INSERT INTO runs (id, conversation, started_at, budget_tokens, used_tokens)
+      VALUES (@id, @conversation, @started_at, @budget_tokens, @tokens)
+      ON CONFLICT (id) DO UPDATE SET used_tokens = used_tokens + excluded.used_tokens`),
     getRun: s('SELECT budget_tokens, used_tokens FROM runs WHERE id = ?'),
     getRunState: s('SELECT id, conversation, started_at, budget_tokens, used_tokens FROM runs WHERE id = ?'),
     addRunTokens: s('UPDATE runs SET used_tokens = used_tokens + ? WHERE id = ?'),
 
     ensureMonth: s('INSERT INTO tenant_months (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
     getMonth: s('SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = ? AND month = ?'),
-    addMonthReserved: s('UPDATE tenant_months SET reserved_usd = reserved_usd + ? WHERE tenant = ? AND month = ?'),
+    reserveMonth: s(`INSERT INTO tenant_months (tenant, month, reserved_usd) VALUES (?, ?, ?)
+      ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = reserved_usd + excluded.reserved_usd`),
     settleMonth: s(`UPDATE tenant_months SET reserved_usd = reserved_usd - @release,
       spent_usd = spent_usd + @cost WHERE tenant = @tenant AND month = @month RETURNING spent_usd`),
     claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),

@@ -241,41 +241,42 @@ export class SqliteLedger implements Ledger {
   }
 
   private admitLocked(r: Reservation): AdmitResult {
-    // The claim keeps a parent set before; the conversation's own row then says which one holds.
-    this.q.claimConversation.run({ id: r.conversation, tenant: r.tenant, parent: effectiveParent(r) });
-    const own = this.money(r.conversation)!;
-    const parent = effectiveParent(r, own.parent);
-    if (parent !== null) this.q.ensureConversation.run({ id: parent, tenant: r.tenant });
-    this.q.ensureRun.run({
-      id: r.run,
-      conversation: r.conversation,
-      started_at: r.time,
-      budget_tokens: r.runBudgetTokens,
-    });
-    const run = this.q.getRun.get(r.run) as { budget_tokens: number | null; used_tokens: number };
+    // Read, check, and only then write: a refusal leaves the ledger as it found it (SPEC §2.4) —
+    // no conversation, parent link or owner claimed, no run started (its clock would run from the
+    // refusal). Nothing is locked row by row: the transaction holds the file's write lock from
+    // BEGIN IMMEDIATE, so rows that do not exist yet cannot appear between the read and the write.
+    const own = this.money(r.conversation);
+    // The first parent a conversation was admitted with holds, whatever the request names.
+    const parent = effectiveParent(r, own?.parent ?? null);
+    const run = this.q.getRun.get(r.run) as { budget_tokens: number | null; used_tokens: number } | undefined;
     const month = this.q.getMonth.get(r.tenant, r.month) as
       | { spent_usd: number; reserved_usd: number }
       | undefined;
     const tenant = this.q.getTenant.get(r.tenant) as { monthly_budget_usd: number | null } | undefined;
     const verdict = checkAdmission(r, {
-      budgetTokens: run.budget_tokens,
-      usedTokens: run.used_tokens,
-      conversation: own,
+      // A run's first request brings its budget.
+      budgetTokens: run ? run.budget_tokens : r.runBudgetTokens,
+      usedTokens: run?.used_tokens ?? 0,
+      conversation: own ?? NO_MONEY,
       parent: parent === null ? null : (this.money(parent) ?? NO_MONEY),
       monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null,
       month: { spentUsd: month?.spent_usd ?? 0, reservedUsd: month?.reserved_usd ?? 0 },
     });
     if (!verdict.ok) return verdict;
 
-    this.q.insertRow.run(reservationColumns(r, parent));
-    this.q.addRunTokens.run(reservedTokens(r), r.run);
+    // Admitted: each statement creates its row or adds to it.
     const w = r.worstCaseUsd;
-    if (w !== null) {
-      this.q.addConversationReserved.run(w, r.conversation);
-      if (parent !== null) this.q.addConversationReserved.run(w, parent);
-      this.q.ensureMonth.run(r.tenant, r.month);
-      this.q.addMonthReserved.run(w, r.tenant, r.month);
-    }
+    this.q.reserveRun.run({
+      id: r.run,
+      conversation: r.conversation,
+      started_at: r.time,
+      budget_tokens: r.runBudgetTokens,
+      tokens: reservedTokens(r),
+    });
+    this.q.insertRow.run(reservationColumns(r, parent));
+    this.q.reserveConversation.run({ id: r.conversation, tenant: r.tenant, parent, reserved: w ?? 0 });
+    if (parent !== null) this.q.reserveParent.run({ id: parent, tenant: r.tenant, reserved: w ?? 0 });
+    if (w !== null) this.q.reserveMonth.run(r.tenant, r.month, w);
     return { ok: true };
   }
 
