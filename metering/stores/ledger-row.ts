@@ -56,6 +56,17 @@ export interface SettleValues {
   finishedAt: number;
 }
 
+/**
+ * Whether a settled request counts as one of its conversation's turns (`turns`, `plan_turns`,
+ * `by_model`): the model worked on it — it answered, or was cut off or left by the client after
+ * reading the prompt, or a crash left it charged in full. A request the upstream refused or failed
+ * before any output is refunded in full and is no turn: bad input passed on to the upstream
+ * changes nothing in a conversation's spend.
+ */
+export function countsAsTurn(v: Pick<SettleValues, 'status' | 'chargeTokens'>): boolean {
+  return v.chargeTokens > 0 || (v.status !== null && v.status < 400);
+}
+
 /** What a stored row needs to be settled: the amounts it reserved and where. */
 export interface OpenRow {
   state: string;

@@ -10,6 +10,7 @@ import type { AdmitResult, MonthAfterSettle, Reservation } from '../ledger.js';
 import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
   RESERVATION_COLUMNS,
+  countsAsTurn,
   SETTLEMENT_COLUMNS,
   reservationColumns,
   settlementColumns,
@@ -136,6 +137,7 @@ export async function settleLocked(
   const v = build(row);
   const w = row.worst_case_usd ?? 0;
   const cost = v.costUsd ?? 0;
+  const turn = countsAsTurn(v);
   await c.query('UPDATE runs SET used_tokens = used_tokens - $2 WHERE id = $1', [row.run, v.refundTokens]);
   // Conversations in id order, as in admission.
   const targets = [row.conversation, ...(row.parent === null ? [] : [row.parent])].sort();
@@ -143,9 +145,9 @@ export async function settleLocked(
     if (target === row.conversation) {
       await c.query(
         `UPDATE conversations SET reserved_usd = reserved_usd - $2, spent_usd = spent_usd + $3,
-           saved_usd = saved_usd + $4, turns = turns + 1, plan_turns = plan_turns + $5,
+           saved_usd = saved_usd + $4, turns = turns + $7, plan_turns = plan_turns + $5,
            plan_work_usd = plan_work_usd + $6 WHERE id = $1`,
-        [target, w, cost, v.savedUsd ?? 0, v.billing === 'plan' ? 1 : 0, v.planWorkUsd ?? 0],
+        [target, w, cost, v.savedUsd ?? 0, turn && v.billing === 'plan' ? 1 : 0, v.planWorkUsd ?? 0, turn ? 1 : 0],
       );
     } else {
       await c.query(
@@ -154,7 +156,7 @@ export async function settleLocked(
       );
     }
   }
-  await c.query(
+  if (turn) await c.query(
     `INSERT INTO conversation_models (conversation, model, turns, spent_usd) VALUES ($1, $2, 1, $3)
      ON CONFLICT (conversation, model) DO UPDATE SET turns = conversation_models.turns + 1,
        spent_usd = conversation_models.spent_usd + excluded.spent_usd`,

@@ -20,7 +20,7 @@ export function prepareSqlite(db: Database.Database) {
       tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns
       FROM conversations WHERE id = ?`),
     settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
-      spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + 1,
+      spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + @turn,
       plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work
       WHERE id = @id`),
     settleParent: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,

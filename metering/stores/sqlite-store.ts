@@ -19,6 +19,7 @@ import type {
 import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
   EXPORT_PAGE,
+  countsAsTurn,
   fromSettlement,
   recoveredSettlement,
   reservationColumns,
@@ -293,16 +294,18 @@ export class SqliteLedger implements Ledger {
     const v = build(row);
     const w = row.worst_case_usd ?? 0;
     const cost = v.costUsd ?? 0;
+    const turn = countsAsTurn(v);
     this.q.addRunTokens.run(-v.refundTokens, row.run);
     this.q.settleConversation.run({
       id: row.conversation,
       release: w,
       cost,
       saved: v.savedUsd ?? 0,
-      plan_turn: v.billing === 'plan' ? 1 : 0,
+      turn: turn ? 1 : 0,
+      plan_turn: turn && v.billing === 'plan' ? 1 : 0,
       plan_work: v.planWorkUsd ?? 0,
     });
-    this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
+    if (turn) this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
     if (row.parent !== null) this.q.settleParent.run({ id: row.parent, release: w, cost });
     this.q.ensureMonth.run(row.tenant, row.month);
     const month = this.q.settleMonth.get({ tenant: row.tenant, month: row.month, release: w, cost }) as { spent_usd: number };

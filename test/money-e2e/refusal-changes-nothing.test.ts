@@ -49,3 +49,22 @@ t.test('a refusal does not claim a conversation capped before its first request'
   t.equal(metered.requests.length, 1);
   t.equal((await call(gw.url, 'GET', '/v1/conversations/R/spend', { authorization: `Bearer ${ALICE}` })).status, 200);
 });
+
+t.test('a request the upstream refuses or fails is refunded in full and is no turn of its conversation', async (t) => {
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 3 } });
+  const small = { model: 'gpt-4o', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5 };
+  const inT = { 'x-tollgate-conversation': 'T' };
+  const spend = async () => (await call(gw.url, 'GET', '/v1/conversations/T/spend', { authorization: `Bearer ${ALICE}` })).body as { turns: number; by_model: Record<string, unknown> };
+
+  // 1. The provider refuses the request (bad input it checks and the gateway does not), then fails.
+  metered.options.failWith = { status: 400, body: { error: { message: 'bad temperature', type: 'invalid_request_error', param: 'temperature', code: null } } };
+  t.equal((await chat(gw, ALICE, small, inT)).status, 400);
+  metered.options.failWith = { status: 503, body: { error: { message: 'overloaded', type: 'server_error', param: null, code: null } } };
+  t.equal((await chat(gw, ALICE, small, inT)).status, 503);
+  t.match(await spend(), { turns: 0, by_model: {} }, 'neither is a turn');
+
+  // 2. An answered request is.
+  delete metered.options.failWith;
+  t.equal((await chat(gw, ALICE, small, inT)).status, 200);
+  t.match(await spend(), { turns: 1, by_model: { 'gpt-4o': { turns: 1 } } });
+});
