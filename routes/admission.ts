@@ -60,7 +60,7 @@ const route: FastifyPluginAsync = async (app) => {
         throw new GatewayError('body_too_large', `request body has ${bytes} bytes, the limit is ${limit}`, { body_bytes: bytes, limit });
       }
       const valid = validateRequest(kind, call.request);
-      plan = await planRequest(gw, valid, request.principal!, request.headers);
+      plan = await planRequest(gw, valid, request.principal!, request.headers, { dryRun: true });
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
       // The request would be refused before planning finished: report what is known (the rows'

@@ -159,7 +159,16 @@ export function rowFigures(model: string, upstream: string, rows: RowPlan, conte
   };
 }
 
-export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers): Promise<Plan> {
+export interface PlanOptions {
+  /**
+   * Planning for `/v1/admission`: nothing this process keeps is changed either. (The prefix memo
+   * remembered the list, and the real request that followed could then infer another
+   * conversation than it would have without the admission call.)
+   */
+  dryRun?: boolean;
+}
+
+export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers, opts: PlanOptions = {}): Promise<Plan> {
   const time = gw.clock();
   const upstream = gw.upstreams.route(valid.model);
   if (!upstream) {
@@ -204,7 +213,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
 
   // 2. The conversation, its previous request, and this request's run.
   const chain = messages ? chainHashes(messages, remembered?.chain) : [];
-  if (messages) {
+  if (messages && !opts.dryRun) {
     const c = countedAsSent.chat;
     gw.prefixMemo.remember(memoScope, messages, chain, c && !c.upperBound ? { method: c.method, prefix: c.prefix } : null, remembered);
   }

@@ -96,3 +96,32 @@ t.test('a request refused before planning finished gets the same shape, with nul
   const missing = await admission({ model: 'nope-1', messages: [{ role: 'user', content: 'hi' }] });
   t.match(missing, { model: 'nope-1', upstream: null, sum_tokens: null, conversation: null, run: null });
 });
+
+t.test('asking for a plan does not change the conversation the real request then joins', async (t) => {
+  // Found by an outside audit: admission remembered the message list in the prefix memo, and the
+  // real request that followed joined an older conversation than the plan had said.
+  const upstream = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const s = { role: 'system', content: 'You answer briefly.' };
+  const u = (n: number) => ({ role: 'user', content: `question number ${n}` });
+  const a = (n: number) => ({ role: 'assistant', content: `answer number ${n}` });
+  const send = async (path: string, body: Json, conversation?: string) => {
+    const res = await fetch(`${gw.url}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(conversation ? { 'x-tollgate-conversation': conversation } : {}) },
+      body: JSON.stringify(body),
+    });
+    return { headers: res.headers, body: (await res.json()) as Json };
+  };
+  const chat = (messages: Json[]) => ({ model: 'gpt-4o', max_tokens: 8, messages });
+  await send('/v1/chat/completions', chat([s, u(1)]), 'P');
+  await send('/v1/chat/completions', chat([s, u(1), a(1), u(2)]), 'Q');
+  await send('/v1/chat/completions', chat([s, u(1)]), 'P2');
+  const r = chat([s, u(1), a(1), u(2), a(2), u(3)]);
+  const planned = await send('/v1/admission', { endpoint: '/v1/chat/completions', request: r });
+  const real = await send('/v1/chat/completions', r);
+  t.equal(real.headers.get('x-tollgate-conversation'), planned.body.conversation, 'the conversation the plan named');
+  t.equal(real.headers.get('x-tollgate-shared-prefix-tokens'), String(planned.body.shared_prefix_tokens));
+  t.equal(Number(real.headers.get('x-tollgate-reserved-tokens')), (planned.body.charge as { prompt: number; allowance: number }).prompt + 8);
+});
