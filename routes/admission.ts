@@ -102,7 +102,8 @@ const route: FastifyPluginAsync = async (app) => {
         : null,
       mode: plan.mode,
       final_reason: plan.finalReason,
-      max_affordable_allowance: maxAffordableAllowance(plan, budgets.state),
+      // A model that cannot be priced under a money limit is refused whatever it is allowed to write.
+      max_affordable_allowance: refusal?.code === 'model_not_priced' ? 0 : maxAffordableAllowance(plan, budgets.state),
       verdict: verdictOf(refusal),
     };
   });

@@ -5,7 +5,7 @@
 import type { Gateway } from '../gateway.js';
 import type { AdmissionState, MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt } from '../../pricing/model-price.js';
-import type { Plan } from './plan.js';
+import { worstPromptTokens, type Plan } from './plan.js';
 
 interface MoneyView {
   limit_usd: number;
@@ -71,8 +71,10 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | 
   if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
   if (s.budgetTokens !== null) limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge) / per));
   if (plan.price && plan.upstream.billing === 'metered') {
-    const rates = ratesAt(plan.price, plan.rows.sumTokens);
-    const promptUsd = (plan.rows.sumTokens * rates.input) / 1e6;
+    // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
+    const promptTokens = worstPromptTokens(plan.rows);
+    const rates = ratesAt(plan.price, promptTokens);
+    const promptUsd = (promptTokens * rates.input) / 1e6;
     const rooms: number[] = [];
     const capRoom = (m: MoneyScopeState | null) => (m && m.capUsd !== null ? m.capUsd - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
     for (const room of [capRoom(s.conversation), capRoom(s.parent), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {

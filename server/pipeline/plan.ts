@@ -159,6 +159,15 @@ export function rowFigures(model: string, upstream: string, rows: RowPlan, conte
   };
 }
 
+/**
+ * The prompt tokens money is reserved for: the count, or — for the byte estimate, which is no
+ * bound (a prompt may hold a token per byte, four times the estimate) — four times it, so a cap
+ * holds whatever the model's tokenizer turns out to be.
+ */
+export function worstPromptTokens(rows: Pick<RowPlan, 'countMethod' | 'sumTokens'>): number {
+  return rows.countMethod === 'estimate:bytes' ? rows.sumTokens * BYTES_PER_ESTIMATED_TOKEN : rows.sumTokens;
+}
+
 export interface PlanOptions {
   /**
    * Planning for `/v1/admission`: nothing this process keeps is changed either. (The prefix memo
@@ -313,9 +322,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
 
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
   const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
-  // The byte estimate is no bound (a prompt may hold a token per byte, four times the estimate):
-  // money is reserved for that, so a cap holds whatever the model's tokenizer turns out to be.
-  const worstPrompt = rows.countMethod === 'estimate:bytes' ? rows.sumTokens * BYTES_PER_ESTIMATED_TOKEN : rows.sumTokens;
+  const worstPrompt = worstPromptTokens(rows);
   const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance }) : null;
 
   return {

@@ -54,3 +54,17 @@ t.test('a monthly budget holds when the provider counts one token per byte', asy
   const month = await call(gw.url, 'GET', '/admin/tenants/est/spend', ADMIN);
   t.ok((month.body.spent_usd as number) <= worst * 1.5, `spent ${month.body.spent_usd} within ${worst * 1.5}`);
 });
+
+t.test('max_affordable_allowance prices the prompt as admission does: the largest it names is admitted, one more is not', async (t) => {
+  const { gw, upstream } = await world(t);
+  // A budget that leaves room for a few hundred output tokens past the worst-case prompt.
+  t.equal((await call(gw.url, 'PUT', '/admin/tenants/est/budget', ADMIN, { monthly_budget_usd: 0.01 })).status, 200);
+  const plan = await admission(gw, KEY, ask);
+  const most = plan.max_affordable_allowance!;
+  t.ok(most > 20 && most < 10_000, `max_affordable_allowance ${most}`);
+  const over = await admission(gw, KEY, { ...ask, max_tokens: most + 1 });
+  t.equal(over.verdict.status, 402, 'one token more is refused');
+  const real = await chat(gw, KEY, { ...ask, max_tokens: most }, { 'x-tollgate-conversation': 'most' });
+  t.equal(real.status, 200, 'the allowance admission named is admitted');
+  t.equal(upstream.requests.length, 1);
+});

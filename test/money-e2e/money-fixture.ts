@@ -118,6 +118,7 @@ export async function admission(gw: TestGateway, key: string, request: Record<st
   const r = await call(gw.url, 'POST', '/v1/admission', { authorization: `Bearer ${key}`, ...headers }, { endpoint: '/v1/chat/completions', request });
   return r.body as {
     sum_tokens: number;
+    max_affordable_allowance: number | null;
     cost_usd: { worst_case: number | null };
     verdict: { admit: boolean; status: number; error: ErrorBody | null };
   };

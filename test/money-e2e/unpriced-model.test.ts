@@ -21,8 +21,9 @@ t.test('refused while a cap or a monthly budget applies, allowed without a limit
   t.match(err.message, /gpt-unpriced-x/);
   t.match(err.message, /prices\.overrides/);
   // The admission endpoint gives exactly the envelope the real request got.
-  const verdict = (await admission(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' })).verdict;
-  t.same(verdict, { admit: false, status: 402, error: r.body });
+  const planned = await admission(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.same(planned.verdict, { admit: false, status: 402, error: r.body });
+  t.equal(planned.max_affordable_allowance, 0, 'no max_tokens would be admitted');
 
   // 2. A tenant with a monthly budget, in any conversation.
   t.equal((await call(gw.url, 'PUT', '/admin/tenants/bob/budget', ADMIN, { monthly_budget_usd: 50 })).status, 200);
