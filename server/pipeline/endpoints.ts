@@ -107,6 +107,19 @@ function checkTools(v: unknown): ToolDefinition[] | null {
   return v.length > 0 ? (v as ToolDefinition[]) : null;
 }
 
+/**
+ * The legacy `functions` offer (before `tools`), as the tools it stands for: counted and hashed as
+ * a tool offer is (the request itself is forwarded as the client wrote it).
+ */
+function checkFunctions(v: unknown): ToolDefinition[] | null {
+  if (v === undefined || v === null) return null;
+  if (!Array.isArray(v)) invalid('functions', 'must be an array');
+  v.forEach((f, i) => {
+    if (!isObject(f) || typeof f.name !== 'string') invalid(`functions[${i}].name`, 'must be a string');
+  });
+  return v.length > 0 ? v.map((f) => ({ type: 'function', function: f }) as ToolDefinition) : null;
+}
+
 /** Checks a completions `prompt` / embeddings `input` (the row shapes of metering/row-plan.ts). */
 function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: boolean): void {
   let rows: Row[];
@@ -145,7 +158,7 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   };
   switch (kind) {
     case 'chat':
-      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools) };
+      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools) ?? checkFunctions(body.functions) };
     case 'completions':
       if (body.prompt === undefined) invalid('prompt', 'is required');
       checkRows(body.prompt, 'prompt', true);

@@ -85,8 +85,10 @@ export function monthOf(ms: number): string {
 
 function toolHashOf(valid: ValidRequest): string {
   const body = valid.body;
-  if (!valid.tools && body.tool_choice === undefined) return '';
-  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: body.tool_choice ?? null }));
+  // The legacy `function_call` is the tool choice of a legacy `functions` offer.
+  const choice = body.tool_choice ?? body.function_call;
+  if (!valid.tools && choice === undefined) return '';
+  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: choice ?? null }));
 }
 
 /**

@@ -147,3 +147,31 @@ t.test('a custom tool (not a function) is passed on as written and counted', asy
   t.equal((await bad([{ type: 'function', function: {} }])).error.param, 'tools[0].function.name');
   t.equal((await bad([{ type: 7 }])).error.param, 'tools[0].type');
 });
+
+t.test('a legacy `functions` offer is counted and hashed as the tools it stands for', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const fn = { name: 'search', description: 'Search the company handbook for a policy and return the matching paragraphs', parameters: { type: 'object', properties: { q: { type: 'string', description: 'what to look for' } } } };
+  const messages = [{ role: 'user', content: 'What is the travel policy?' }];
+  const plan = async (body: Record<string, unknown>) =>
+    (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { sum_tokens: number };
+  const legacy = await plan({ model: 'gpt-4o', messages, functions: [fn] });
+  const current = await plan({ model: 'gpt-4o', messages, tools: [{ type: 'function', function: fn }] });
+  t.equal(legacy.sum_tokens, current.sum_tokens, 'the same prompt as the same offer in `tools`');
+
+  // A changed offer shares nothing with the turn before (SPEC §4).
+  const send = (functions: unknown[], msgs: unknown[]) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'legacy' },
+      body: JSON.stringify({ model: 'gpt-4o', max_tokens: 4, messages: msgs, functions }),
+    });
+  t.equal((await send([fn], messages)).status, 200);
+  const next = [...messages, { role: 'assistant', content: ' hi hi' }, { role: 'user', content: 'And for contractors?' }];
+  const other = await send([{ ...fn, name: 'lookup' }], next);
+  t.equal(other.status, 200);
+  t.equal(other.headers.get('x-tollgate-shared-prefix-tokens'), '0', 'another functions offer: nothing shared');
+  const bad = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages, functions: [{}] }) });
+  t.equal(((await bad.json()) as { error: { param: string } }).error.param, 'functions[0].name');
+});
