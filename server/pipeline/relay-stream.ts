@@ -74,7 +74,12 @@ export async function relayStream(
   let pending: string[] | null = filter ? [] : null;
   // A final turn also holds back the chunks that finish its choices until the upstream has ended:
   // a tool call proposed after the text has reached the client still gets the excerpt before them.
-  const heldFinish: string[] = [];
+  // So does a llama.cpp stream whose client did not ask for usage: the server (asked for usage by
+  // the gateway) sends its `timings` on a usage chunk after the finish; the client gets them on the
+  // finish chunk, where the server puts them in a stream without usage (fixtures/llamacpp).
+  const timingsOnFinish = plan.upstream.config.kind === 'llamacpp' && !plan.valid.includeUsage;
+  const holdFinish = filter !== null || timingsOnFinish;
+  const heldFinish: Json[] = [];
   let started = false;
   // While one upstream read is handled, what it produces is gathered into one string and written
   // once: every `res.write` is a chunk of its own (size line, data, CRLF) and a part of the socket
@@ -176,7 +181,10 @@ export async function relayStream(
       }
       if (!visible && text.trim() !== '') visible = true;
       kept.push(raw);
-      if (typeof raw.finish_reason === 'string') finished.add(index);
+      if (typeof raw.finish_reason === 'string') {
+        finished.add(index);
+        if (holdFinish) untouched = false;
+      }
     }
     // The common case — a chunk passed on as it came — is written as received, not re-serialised.
     if (untouched) {
@@ -190,7 +198,7 @@ export async function relayStream(
       if (next) {
         const nextChoices = Array.isArray(next.choices) ? next.choices : [];
         if (nextChoices.some((c) => isObject(c) && deltaText(c).trim() !== '')) out.visibleText = true;
-        if (filter && nextChoices.some((c) => isObject(c) && typeof c.finish_reason === 'string')) heldFinish.push(sseData(next));
+        if (holdFinish && nextChoices.some((c) => isObject(c) && typeof c.finish_reason === 'string')) heldFinish.push(next);
         else write(sseData(next));
       }
     }
@@ -233,7 +241,11 @@ export async function relayStream(
       for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { content }, finish_reason: null }] }));
       out.excerptAppended = true;
     }
-    for (const held of heldFinish) write(held);
+  }
+  if (heldFinish.length > 0) {
+    const last = heldFinish.length - 1;
+    if (timingsOnFinish && out.timings && heldFinish[last]!.timings === undefined) heldFinish[last] = { ...heldFinish[last], timings: out.timings };
+    for (const held of heldFinish) write(sseData(held));
   }
   if ((out.upstreamLost || out.upstreamError !== null) && !out.clientGone) {
     if (filter) {

@@ -250,7 +250,8 @@ async function relayAdmitted(
         streamed.usage && !streamed.cut
           ? streamed.usage
           : { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
-      raw.write(sseData({ ...meta, choices: [], usage }));
+      // llama.cpp's `timings` ride on its usage chunk, as the server sends them (fixtures/llamacpp).
+      raw.write(sseData({ ...meta, choices: [], usage, ...(streamed.timings ? { timings: streamed.timings } : {}) }));
     }
     const trailer: Record<string, unknown> = {
       charge_tokens: settled.chargeTokens,

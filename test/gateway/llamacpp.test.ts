@@ -98,3 +98,29 @@ t.test('llama.cpp context overflow passes through, normalised, and refunds every
   t.equal(typeof body.error.n_prompt_tokens, 'number');
   t.equal(Number(res.headers.get('x-tollgate-charge-tokens')), 0);
 });
+
+t.test("llama.cpp's timings reach a streaming client where the server puts them", async (t) => {
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const events = async (request: Json) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(request) });
+    t.equal(res.status, 200);
+    return (await res.text())
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: {'))
+      .map((e) => JSON.parse(e.slice(6)) as Json & { choices: Array<{ finish_reason: string | null }> });
+  };
+  // With usage asked for: on the usage chunk (fixture chat-stream).
+  const withUsage = await events(fixture('chat-stream.request.json'));
+  const usageChunk = withUsage.at(-1)!;
+  t.same(usageChunk.choices, []);
+  t.ok(usageChunk.usage, 'the usage chunk');
+  t.match(usageChunk.timings, { prompt_n: Number, cache_n: Number, predicted_n: Number }, 'carries the timings');
+  // Without: on the finish chunk (fixture chat-stream-no-include-usage), and no usage chunk.
+  const without = await events(fixture('chat-stream-no-include-usage.request.json'));
+  const last = without.at(-1)!;
+  t.equal(last.choices[0]?.finish_reason, 'length', 'the last chunk finishes the choice');
+  t.match(last.timings, { prompt_n: Number, cache_n: Number, predicted_n: Number }, 'and carries the timings');
+  t.notOk(without.some((e) => e.usage), 'no usage chunk the client did not ask for');
+});
