@@ -176,8 +176,7 @@ export class TiktokenCounter implements TokenCounter {
    */
   async countChat(prompt: ChatPrompt): Promise<ChatCount> {
     const known = this.knownPrefix(prompt);
-    const parts = this.chatParts(prompt, known);
-    const jobs = parts.filter((p): p is Job => 'recipe' in p);
+    const { parts, jobs } = this.chatParts(prompt, known);
     const texts = jobs.flatMap((j) => j.recipe.texts);
     const counts = await this.countTexts(texts);
     return this.assemble(parts, jobs, counts, known);
@@ -186,8 +185,7 @@ export class TiktokenCounter implements TokenCounter {
   /** The whole count on the calling thread, whatever its size. */
   countChatSync(prompt: ChatPrompt): ChatCount {
     const known = this.knownPrefix(prompt);
-    const parts = this.chatParts(prompt, known);
-    const jobs = parts.filter((p): p is Job => 'recipe' in p);
+    const { parts, jobs } = this.chatParts(prompt, known);
     const counts = jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t, this.exactRunBudget));
     return this.assemble(parts, jobs, counts, known);
   }
@@ -239,23 +237,36 @@ export class TiktokenCounter implements TokenCounter {
 
   /**
    * Tools first, then each message not already `known`: a cached count, or a recipe to compute
-   * (with its cache key).
+   * (with its cache key). A message repeated within the request is one part, shared: it is looked
+   * up, counted and cached once however often it appears (200,000 empty user messages are one job,
+   * not 200,000). `jobs` lists each recipe once, in order of first appearance.
    */
-  private chatParts(prompt: ChatPrompt, known: { messages: number } | null): Array<CachedCount | Job> {
+  private chatParts(prompt: ChatPrompt, known: { messages: number } | null): { parts: Array<CachedCount | Job>; jobs: Job[] } {
     const parts: Array<CachedCount | Job> = [];
+    const jobs: Job[] = [];
     const offered = prompt.tools ?? [];
-    parts.push(offered.length > 0 ? this.lookup('tools', offered, () => this.toolsRecipe(offered)) : { tokens: 0, upperBound: false });
+    if (offered.length > 0) {
+      const key = cacheKey(`${this.encoding}:tools`, offered);
+      const tools = this.cached(this.cache.get(key)) ?? { key, recipe: this.toolsRecipe(offered) };
+      if ('recipe' in tools) jobs.push(tools);
+      parts.push(tools);
+    } else {
+      parts.push({ tokens: 0, upperBound: false });
+    }
+    const seen = new Map<string, CachedCount | Job>();
     for (let i = known?.messages ?? 0; i < prompt.messages.length; i++) {
       const message = prompt.messages[i]!;
-      parts.push(this.lookup('message', message, () => messageRecipe(message)));
+      // A message's digest is computed once per request and shared with the prefix chain.
+      const key = `${this.encoding}:message:${messageDigest(message)}`;
+      let part = seen.get(key);
+      if (part === undefined) {
+        part = this.cached(this.cache.get(key)) ?? { key, recipe: messageRecipe(message) };
+        if ('recipe' in part) jobs.push(part);
+        seen.set(key, part);
+      }
+      parts.push(part);
     }
-    return parts;
-  }
-
-  private lookup(kind: string, value: unknown, recipe: () => Recipe): CachedCount | Job {
-    // A message's digest is computed once per request and shared with the prefix chain.
-    const key = kind === 'message' ? `${this.encoding}:message:${messageDigest(value as object)}` : cacheKey(`${this.encoding}:${kind}`, value);
-    return this.cached(this.cache.get(key)) ?? { key, recipe: recipe() };
+    return { parts, jobs };
   }
 
   /**

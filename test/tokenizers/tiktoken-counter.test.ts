@@ -147,6 +147,33 @@ t.test('per-message cache: turn N tokenizes only the messages it added', async (
   t.same(c2, fresh);
 });
 
+// Regression (audit: 200,000 `{"role":"user","content":""}` messages froze the process): a message
+// repeated within one request is looked up, counted and cached once, not once per copy.
+t.test('a message repeated within a request is looked up and cached once per distinct message', async (t) => {
+  const model = 'gpt-4o';
+  const empty = (): ChatMessage => ({ role: 'user', content: '' });
+  const messages: ChatMessage[] = [
+    { role: 'system', content: 'Be brief.' },
+    ...Array.from({ length: 5000 }, empty),
+    { content: '', role: 'user' }, // the same message under canonical rules: key order does not matter
+    { role: 'user', content: 'Name a prime.' },
+    ...Array.from({ length: 5000 }, empty),
+  ];
+  for (const sync of [false, true]) {
+    const cache = new TokenCache();
+    const counter = counterFor(model, cache);
+    const c = sync ? counter.countChatSync({ model, messages }) : await counter.countChat({ model, messages });
+    // 1. Three distinct messages: three look-ups (all misses), three entries.
+    t.same({ misses: cache.stats().misses, hits: cache.stats().hits, entries: cache.stats().entries }, { misses: 3, hits: 0, entries: 3 }, `sync=${sync}`);
+    // 2. The count and every step of the prefix are what each message costs on its own.
+    const reference = counterFor(model);
+    let sum = 0;
+    const steps = messages.map((m) => (sum += reference.countChatSync({ model, messages: [m] }).tokens - 3));
+    t.same(c.prefix, [0, ...steps], 'prefix steps');
+    t.equal(c.tokens, sum + 3);
+  }
+});
+
 t.test('special-token text in user content is plain text, not an exception', async (t) => {
   const model = 'gpt-4o';
   const c = await counterFor(model).countText('before <|endoftext|> after');
