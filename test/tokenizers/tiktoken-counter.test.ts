@@ -1,6 +1,6 @@
 import t from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
-import { encodingForModel, TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
+import { encodingForModel, MESSAGES_PER_TURN, TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import { countBounded, MAX_PIECE } from '../../metering/tokenizers/bounded-encode.js';
 import { TokenCache } from '../../metering/token-cache.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
@@ -172,6 +172,34 @@ t.test('a message repeated within a request is looked up and cached once per dis
     t.same(c.prefix, [0, ...steps], 'prefix steps');
     t.equal(c.tokens, sum + 3);
   }
+});
+
+// Regression (audit: one request of 200,000 messages held the event loop for seconds): a long
+// message list is counted over many event-loop turns, so other requests are served in between.
+// Asserted by counting turns (a self-rearming setImmediate), not by timing.
+t.test('a long message list is counted over many event-loop turns; a short one in one', async (t) => {
+  const model = 'gpt-4o';
+  const turnsDuring = async (messages: ChatMessage[]) => {
+    let turns = 0;
+    let counting = true;
+    const tick = () => {
+      if (!counting) return;
+      turns++;
+      setImmediate(tick);
+    };
+    setImmediate(tick);
+    const counted = await counterFor(model).countChat({ model, messages });
+    counting = false;
+    return { turns, counted };
+  };
+  // 1. 20 × MESSAGES_PER_TURN distinct messages: other work runs at least once per 256 looked up.
+  const many = Array.from({ length: 20 * MESSAGES_PER_TURN }, (_, i): ChatMessage => ({ role: 'user', content: `question ${i}` }));
+  const long = await turnsDuring(many);
+  t.ok(long.turns >= 19, `other work ran while counting (${long.turns} turns)`);
+  t.same(long.counted, counterFor(model).countChatSync({ model, messages: many }), 'the same count as in one turn');
+  // 2. A conversation's turn never waits for the event loop.
+  const short = await turnsDuring(many.slice(0, MESSAGES_PER_TURN));
+  t.equal(short.turns, 0, 'a list of up to MESSAGES_PER_TURN messages is counted without yielding');
 });
 
 t.test('special-token text in user content is plain text, not an exception', async (t) => {
