@@ -133,7 +133,19 @@ interface Parts {
   jobs: Job[];
   /** Parts by cache key, so a repeated message shares its first copy's part. */
   seen: Map<string, CachedCount | Job>;
+  /** The texts to count, a short one once however many jobs hold it (every message has a role). */
+  texts: string[];
+  /** For each text of each job in order, its index in `texts`. */
+  slots: number[];
+  shortTexts: Map<string, number>;
 }
+
+/**
+ * Texts up to this length are counted once per request however often they appear. (Longer ones
+ * rarely repeat, and V8 hashes a string over 16,383 characters by its length alone, so a Map of
+ * long texts of one length would compare them with each other.)
+ */
+const SHARED_TEXT_CHARS = 1024;
 
 /**
  * Messages looked up (and jobs settled) per event-loop turn by `countChat`. Each costs a digest, a
@@ -206,7 +218,7 @@ export class TiktokenCounter implements TokenCounter {
       }
       this.addMessage(parts, messages[i]!);
     }
-    const counts = await this.countTexts(parts.jobs.flatMap((j) => j.recipe.texts));
+    const counts = await this.countTexts(parts.texts);
     for (let from = 0, next = 0; from < parts.jobs.length; from += MESSAGES_PER_TURN) {
       if (from > 0) await nextTurn();
       next = this.settle(parts, from, Math.min(from + MESSAGES_PER_TURN, parts.jobs.length), counts, next);
@@ -219,7 +231,7 @@ export class TiktokenCounter implements TokenCounter {
     const known = this.knownPrefix(prompt);
     const parts = this.toolParts(prompt);
     for (let i = known?.messages ?? 0; i < prompt.messages.length; i++) this.addMessage(parts, prompt.messages[i]!);
-    const counts = parts.jobs.flatMap((j) => j.recipe.texts).map((t) => countBounded(this.encoding, t, this.exactRunBudget));
+    const counts = parts.texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget));
     this.settle(parts, 0, parts.jobs.length, counts, 0);
     return this.assemble(parts, known);
   }
@@ -271,12 +283,12 @@ export class TiktokenCounter implements TokenCounter {
 
   /** The parts of a chat count, started with its tools: a cached count, or a recipe to compute. */
   private toolParts(prompt: ChatPrompt): Parts {
-    const parts: Parts = { list: [], jobs: [], seen: new Map() };
+    const parts: Parts = { list: [], jobs: [], seen: new Map(), texts: [], slots: [], shortTexts: new Map() };
     const offered = prompt.tools ?? [];
     if (offered.length > 0) {
       const key = cacheKey(`${this.encoding}:tools`, offered);
       const tools = this.cached(this.cache.get(key)) ?? { key, recipe: this.toolsRecipe(offered) };
-      if ('recipe' in tools) parts.jobs.push(tools);
+      if ('recipe' in tools) addJob(parts, tools);
       parts.list.push(tools);
     } else {
       parts.list.push({ tokens: 0, upperBound: false });
@@ -295,23 +307,23 @@ export class TiktokenCounter implements TokenCounter {
     let part = parts.seen.get(key);
     if (part === undefined) {
       part = this.cached(this.cache.get(key)) ?? { key, recipe: messageRecipe(message) };
-      if ('recipe' in part) parts.jobs.push(part);
+      if ('recipe' in part) addJob(parts, part);
       parts.seen.set(key, part);
     }
     parts.list.push(part);
   }
 
   /**
-   * Sums the text counts of jobs[from..to) (their texts' counts start at counts[next]) and caches
-   * each sum; returns where the next job's counts start.
+   * Sums the text counts of jobs[from..to) (their texts' slots start at slots[next]) and caches
+   * each sum; returns where the next job's slots start.
    */
-  private settle({ jobs }: Parts, from: number, to: number, counts: PieceCount[], next: number): number {
+  private settle({ jobs, slots }: Parts, from: number, to: number, counts: PieceCount[], next: number): number {
     for (let j = from; j < to; j++) {
       const job = jobs[j]!;
       let tokens = job.recipe.fixed;
       let upperBound = false;
       for (let i = 0; i < job.recipe.texts.length; i++, next++) {
-        const c = counts[next]!;
+        const c = counts[slots[next]!]!;
         tokens += c.tokens;
         upperBound ||= c.split;
       }
@@ -383,6 +395,19 @@ export class TiktokenCounter implements TokenCounter {
     }
     r.fixed += k.funcEnd;
     return r;
+  }
+}
+
+/** Queues a job and its texts (a short text already queued is not queued again). */
+function addJob(parts: Parts, job: Job): void {
+  parts.jobs.push(job);
+  for (const text of job.recipe.texts) {
+    let slot = text.length <= SHARED_TEXT_CHARS ? parts.shortTexts.get(text) : undefined;
+    if (slot === undefined) {
+      slot = parts.texts.push(text) - 1;
+      if (text.length <= SHARED_TEXT_CHARS) parts.shortTexts.set(text, slot);
+    }
+    parts.slots.push(slot);
   }
 }
 

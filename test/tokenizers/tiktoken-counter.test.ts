@@ -4,6 +4,7 @@ import { encodingForModel, MESSAGES_PER_TURN, TiktokenCounter } from '../../mete
 import { countBounded, MAX_PIECE } from '../../metering/tokenizers/bounded-encode.js';
 import { TokenCache } from '../../metering/token-cache.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+import type { CountPool } from '../../metering/tokenizers/count-pool.js';
 
 // The OpenAI cookbook "How to count tokens with tiktoken": its six example messages and its
 // get_current_weather tool example, with the counts the API itself reported.
@@ -200,6 +201,33 @@ t.test('a long message list is counted over many event-loop turns; a short one i
   // 2. A conversation's turn never waits for the event loop.
   const short = await turnsDuring(many.slice(0, MESSAGES_PER_TURN));
   t.equal(short.turns, 0, 'a list of up to MESSAGES_PER_TURN messages is counted without yielding');
+});
+
+// Regression (the audit's 50,000 assistant/tool pairs with distinct ids sent ~250,000 texts to the
+// worker, nearly all the same five): distinct messages that share short texts (a role, a tool's
+// name, the same result) have each such text counted once per request.
+t.test('a short text shared by many messages is counted once; the sums are unchanged', async (t) => {
+  const model = 'gpt-4o';
+  const messages: ChatMessage[] = [{ role: 'user', content: 'go' }];
+  for (let i = 0; i < 1000; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [{ id: `call_${i}`, type: 'function', function: { name: 'lookup', arguments: '{"q":"x"}' } }] });
+    messages.push({ role: 'tool', tool_call_id: `call_${i}`, content: 'ok' });
+  }
+  const long = 'word '.repeat(300); // over 1,024 characters: such texts are not compared
+  messages.push({ role: 'user', content: long }, { role: 'user', content: long, name: 'other' });
+  // A pool that records what it is asked to count (inlineBytes 0: every batch goes to it).
+  const batches: string[][] = [];
+  const pool = {
+    count: async (encoding: 'o200k_base' | 'cl100k_base', texts: string[], budget?: number) => {
+      batches.push(texts);
+      return texts.map((text) => countBounded(encoding, text, budget));
+    },
+  } as unknown as CountPool;
+  const counter = TiktokenCounter.forModel(model, { cache: new TokenCache(), pool, inlineBytes: 0 })!;
+  const c = await counter.countChat({ model, messages });
+  t.equal(batches.length, 1);
+  t.same(batches[0], ['user', 'go', 'assistant', 'lookup', '{"q":"x"}', 'tool', 'ok', long, long, 'other'], 'each short text once, in order of first use');
+  t.same(c, counterFor(model).countChatSync({ model, messages }), 'the same count and prefix as counted one by one');
 });
 
 t.test('special-token text in user content is plain text, not an exception', async (t) => {
