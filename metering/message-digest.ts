@@ -8,24 +8,37 @@
 
 import { createHash, type Hash } from 'node:crypto';
 import { canonicalJson } from './canonical-json.js';
+import { hashOnce } from './hash-once.js';
 
 const digests = new WeakMap<object, string>();
 
 /**
- * Feeds a flat message (every value a primitive) to `hash` canonically — keys sorted, null and
- * absent alike, each value length-prefixed so the encoding is unambiguous — without building its
- * JSON: a megabyte of content is hashed as it is, not copied twice first. False when a value is an
- * object (tool calls, content parts): the caller then hashes canonical JSON.
+ * Up to this many characters of canonical form, a message is hashed in one call (hash-once.ts);
+ * past it the form is streamed into a Hash, so a megabyte of content is never copied into a joined
+ * string. Both give SHA-1 the same bytes, hence the same digest — digests feed the chain hashes
+ * kept in the ledger, so they must not change.
  */
-function hashFlat(hash: Hash, message: Record<string, unknown>): boolean {
-  const keys = Object.keys(message).sort();
+const ONE_SHOT_CHARS = 4096;
+
+/**
+ * The canonical form of a flat message (every value a primitive) — keys sorted, null and absent
+ * alike, each value length-prefixed so the encoding is unambiguous — when it is at most `limit`
+ * characters; else null. `keys` are the message's keys, sorted.
+ */
+function flatForm(message: Record<string, unknown>, keys: readonly string[], limit: number): string | null {
+  let form = 'f';
   for (const key of keys) {
     const v = message[key];
-    if (typeof v === 'object' || typeof v === 'function') {
-      if (v === null) continue;
-      return false;
-    }
+    if (v === null || v === undefined) continue;
+    const text = typeof v === 'string' ? v : String(v);
+    if (form.length + key.length + text.length > limit) return null;
+    form += `${key.length}:${key}${typeof v}:${text.length}:${text}`;
   }
+  return form.length <= limit ? form : null;
+}
+
+/** The same form as `flatForm`, fed to `hash` piece by piece: a long value is hashed as it is. */
+function hashFlat(hash: Hash, message: Record<string, unknown>, keys: readonly string[]): void {
   hash.update('f');
   for (const key of keys) {
     const v = message[key];
@@ -34,15 +47,35 @@ function hashFlat(hash: Hash, message: Record<string, unknown>): boolean {
     hash.update(`${key.length}:${key}${typeof v}:${text.length}:`);
     hash.update(text);
   }
+}
+
+/** False when a value is an object (tool calls, content parts): the message is hashed as canonical JSON. */
+function isFlat(message: Record<string, unknown>, keys: readonly string[]): boolean {
+  for (const key of keys) {
+    const v = message[key];
+    if ((typeof v === 'object' && v !== null) || typeof v === 'function') return false;
+  }
   return true;
+}
+
+function digestOf(message: Record<string, unknown>): string {
+  const keys = Object.keys(message).sort();
+  if (isFlat(message, keys)) {
+    const form = flatForm(message, keys, ONE_SHOT_CHARS);
+    if (form !== null) return hashOnce('sha1', form, 'base64');
+    const hash = createHash('sha1');
+    hashFlat(hash, message, keys);
+    return hash.digest('base64');
+  }
+  const json = canonicalJson(message);
+  if (json.length + 1 <= ONE_SHOT_CHARS) return hashOnce('sha1', `j${json}`, 'base64');
+  return createHash('sha1').update('j').update(json).digest('base64');
 }
 
 export function messageDigest(message: object): string {
   let d = digests.get(message);
   if (d === undefined) {
-    const hash = createHash('sha1');
-    if (!hashFlat(hash, message as Record<string, unknown>)) hash.update('j').update(canonicalJson(message));
-    d = hash.digest('base64');
+    d = digestOf(message as Record<string, unknown>);
     digests.set(message, d);
   }
   return d;

@@ -25,9 +25,28 @@ export const DEFAULT_TOKEN_CACHE_BYTES = 16 * 1024 * 1024;
 // figure does not matter, only that the bound scales with the number and size of entries.
 const ENTRY_OVERHEAD_BYTES = 96;
 
+/** One entry, linked into the recency list: `newer` towards the most recently used end. */
+interface Node {
+  readonly key: string;
+  value: CachedCount;
+  older: Node | null;
+  newer: Node | null;
+}
+
+/**
+ * A least-recently-used cache bounded in bytes. Recency is a doubly linked list beside the Map, so
+ * a hit relinks a node and an eviction unlinks the oldest: O(1), and the Map itself only changes
+ * when a key arrives or leaves. Using the Map's own insertion order instead (delete + re-insert on
+ * every hit, evict through `keys()`) was quadratic: V8's ordered hash table keeps deleted entries
+ * until it rehashes, in the key's bucket chain (which every later look-up of that key walks) and at
+ * the start of the iteration order (which every fresh iterator skips). 200,000 re-sets of one key
+ * in a full cache took ~50 s.
+ */
 export class TokenCache {
   readonly maxBytes: number;
-  private readonly entries = new Map<string, CachedCount>();
+  private readonly entries = new Map<string, Node>();
+  private oldest: Node | null = null;
+  private newest: Node | null = null;
   private bytes = 0;
   private hits = 0;
   private misses = 0;
@@ -38,29 +57,38 @@ export class TokenCache {
   }
 
   get(key: string): CachedCount | undefined {
-    const found = this.entries.get(key);
-    if (found === undefined) {
+    const node = this.entries.get(key);
+    if (node === undefined) {
       this.misses++;
       return undefined;
     }
     this.hits++;
-    // Map keeps insertion order: re-inserting moves the entry to the most-recently-used end.
-    this.entries.delete(key);
-    this.entries.set(key, found);
-    return found;
+    this.touch(node);
+    return node.value;
   }
 
   set(key: string, value: CachedCount): void {
+    const known = this.entries.get(key);
+    if (known !== undefined) {
+      known.value = value;
+      this.touch(known);
+      return;
+    }
     const weight = entryWeight(key);
     if (weight > this.maxBytes) return;
-    if (this.entries.delete(key)) this.bytes -= weight;
-    this.entries.set(key, value);
+    const node: Node = { key, value, older: this.newest, newer: null };
+    if (this.newest !== null) this.newest.newer = node;
+    else this.oldest = node;
+    this.newest = node;
+    this.entries.set(key, node);
     this.bytes += weight;
-    // Evict from the least-recently-used end until the bound holds again.
-    for (const oldest of this.entries.keys()) {
-      if (this.bytes <= this.maxBytes) break;
-      this.entries.delete(oldest);
-      this.bytes -= entryWeight(oldest);
+    // Evict from the least-recently-used end until the bound holds again (never the new node: its
+    // weight alone is within the bound).
+    while (this.bytes > this.maxBytes && this.oldest !== null) {
+      const gone = this.oldest;
+      this.unlink(gone);
+      this.entries.delete(gone.key);
+      this.bytes -= entryWeight(gone.key);
     }
   }
 
@@ -76,9 +104,30 @@ export class TokenCache {
 
   clear(): void {
     this.entries.clear();
+    this.oldest = null;
+    this.newest = null;
     this.bytes = 0;
     this.hits = 0;
     this.misses = 0;
+  }
+
+  /** Moves `node` to the most-recently-used end. */
+  private touch(node: Node): void {
+    if (node === this.newest) return;
+    this.unlink(node);
+    node.older = this.newest;
+    node.newer = null;
+    this.newest!.newer = node;
+    this.newest = node;
+  }
+
+  private unlink(node: Node): void {
+    if (node.older !== null) node.older.newer = node.newer;
+    else this.oldest = node.newer;
+    if (node.newer !== null) node.newer.older = node.older;
+    else this.newest = node.older;
+    node.older = null;
+    node.newer = null;
   }
 }
 

@@ -3,9 +3,9 @@
 // list a tool-using client resends every turn already holds the run's whole history.
 
 import type { ChatMessage } from '../types.js';
-import { createHash } from 'node:crypto';
 import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.js';
 import { messageDigest } from '../message-digest.js';
+import { hashOnce } from '../hash-once.js';
 
 export interface BatchCall {
   id: string | null;
@@ -133,7 +133,7 @@ function readBatch(messages: readonly ChatMessage[], assistantIndex: number, wri
  * the ledger re-writes every turn stays ~4 KB.
  */
 export function chainLink(previous: string, digest: string): string {
-  return createHash('sha256').update(`${previous}|${digest}`).digest('base64url').slice(0, 22);
+  return hashOnce('sha256', `${previous}|${digest}`, 'base64url').slice(0, 22);
 }
 
 /**

@@ -1,9 +1,10 @@
 import t from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
-import { encodingForModel, TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
+import { encodingForModel, MESSAGES_PER_TURN, TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import { countBounded, MAX_PIECE } from '../../metering/tokenizers/bounded-encode.js';
 import { TokenCache } from '../../metering/token-cache.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+import type { CountPool } from '../../metering/tokenizers/count-pool.js';
 
 // The OpenAI cookbook "How to count tokens with tiktoken": its six example messages and its
 // get_current_weather tool example, with the counts the API itself reported.
@@ -145,6 +146,88 @@ t.test('per-message cache: turn N tokenizes only the messages it added', async (
   // And cached counts equal fresh ones.
   const fresh = await counterFor(model).countChat({ model, messages: turn2 });
   t.same(c2, fresh);
+});
+
+// Regression (audit: 200,000 `{"role":"user","content":""}` messages froze the process): a message
+// repeated within one request is looked up, counted and cached once, not once per copy.
+t.test('a message repeated within a request is looked up and cached once per distinct message', async (t) => {
+  const model = 'gpt-4o';
+  const empty = (): ChatMessage => ({ role: 'user', content: '' });
+  const messages: ChatMessage[] = [
+    { role: 'system', content: 'Be brief.' },
+    ...Array.from({ length: 5000 }, empty),
+    { content: '', role: 'user' }, // the same message under canonical rules: key order does not matter
+    { role: 'user', content: 'Name a prime.' },
+    ...Array.from({ length: 5000 }, empty),
+  ];
+  for (const sync of [false, true]) {
+    const cache = new TokenCache();
+    const counter = counterFor(model, cache);
+    const c = sync ? counter.countChatSync({ model, messages }) : await counter.countChat({ model, messages });
+    // 1. Three distinct messages: three look-ups (all misses), three entries.
+    t.same({ misses: cache.stats().misses, hits: cache.stats().hits, entries: cache.stats().entries }, { misses: 3, hits: 0, entries: 3 }, `sync=${sync}`);
+    // 2. The count and every step of the prefix are what each message costs on its own.
+    const reference = counterFor(model);
+    let sum = 0;
+    const steps = messages.map((m) => (sum += reference.countChatSync({ model, messages: [m] }).tokens - 3));
+    t.same(c.prefix, [0, ...steps], 'prefix steps');
+    t.equal(c.tokens, sum + 3);
+  }
+});
+
+// Regression (audit: one request of 200,000 messages held the event loop for seconds): a long
+// message list is counted over many event-loop turns, so other requests are served in between.
+// Asserted by counting turns (a self-rearming setImmediate), not by timing.
+t.test('a long message list is counted over many event-loop turns; a short one in one', async (t) => {
+  const model = 'gpt-4o';
+  const turnsDuring = async (messages: ChatMessage[]) => {
+    let turns = 0;
+    let counting = true;
+    const tick = () => {
+      if (!counting) return;
+      turns++;
+      setImmediate(tick);
+    };
+    setImmediate(tick);
+    const counted = await counterFor(model).countChat({ model, messages });
+    counting = false;
+    return { turns, counted };
+  };
+  // 1. 20 × MESSAGES_PER_TURN distinct messages: other work runs at least once per 256 looked up.
+  const many = Array.from({ length: 20 * MESSAGES_PER_TURN }, (_, i): ChatMessage => ({ role: 'user', content: `question ${i}` }));
+  const long = await turnsDuring(many);
+  t.ok(long.turns >= 19, `other work ran while counting (${long.turns} turns)`);
+  t.same(long.counted, counterFor(model).countChatSync({ model, messages: many }), 'the same count as in one turn');
+  // 2. A conversation's turn never waits for the event loop.
+  const short = await turnsDuring(many.slice(0, MESSAGES_PER_TURN));
+  t.equal(short.turns, 0, 'a list of up to MESSAGES_PER_TURN messages is counted without yielding');
+});
+
+// Regression (the audit's 50,000 assistant/tool pairs with distinct ids sent ~250,000 texts to the
+// worker, nearly all the same five): distinct messages that share short texts (a role, a tool's
+// name, the same result) have each such text counted once per request.
+t.test('a short text shared by many messages is counted once; the sums are unchanged', async (t) => {
+  const model = 'gpt-4o';
+  const messages: ChatMessage[] = [{ role: 'user', content: 'go' }];
+  for (let i = 0; i < 1000; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [{ id: `call_${i}`, type: 'function', function: { name: 'lookup', arguments: '{"q":"x"}' } }] });
+    messages.push({ role: 'tool', tool_call_id: `call_${i}`, content: 'ok' });
+  }
+  const long = 'word '.repeat(300); // over 1,024 characters: such texts are not compared
+  messages.push({ role: 'user', content: long }, { role: 'user', content: long, name: 'other' });
+  // A pool that records what it is asked to count (inlineBytes 0: every batch goes to it).
+  const batches: string[][] = [];
+  const pool = {
+    count: async (encoding: 'o200k_base' | 'cl100k_base', texts: string[], budget?: number) => {
+      batches.push(texts);
+      return texts.map((text) => countBounded(encoding, text, budget));
+    },
+  } as unknown as CountPool;
+  const counter = TiktokenCounter.forModel(model, { cache: new TokenCache(), pool, inlineBytes: 0 })!;
+  const c = await counter.countChat({ model, messages });
+  t.equal(batches.length, 1);
+  t.same(batches[0], ['user', 'go', 'assistant', 'lookup', '{"q":"x"}', 'tool', 'ok', long, long, 'other'], 'each short text once, in order of first use');
+  t.same(c, counterFor(model).countChatSync({ model, messages }), 'the same count and prefix as counted one by one');
 });
 
 t.test('special-token text in user content is plain text, not an exception', async (t) => {
