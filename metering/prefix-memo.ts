@@ -39,6 +39,9 @@ interface Entry {
   chain: readonly string[];
   counts: KnownCounts | null;
   bytes: number;
+  /** Recency list: towards the least (older) and the most (newer) recently used. */
+  older: Entry | null;
+  newer: Entry | null;
 }
 
 /** 32 MiB: the latest message lists of a few thousand long conversations. */
@@ -59,8 +62,12 @@ function keyOf(scope: string, messages: readonly ChatMessage[], length: number):
 
 export class PrefixMemo {
   private readonly maxBytes: number;
-  // Least recently used first (Map insertion order).
   private readonly entries = new Map<string, Entry>();
+  // Recency in a linked list beside the Map, as metering/token-cache.ts keeps it: a hit relinks, an
+  // eviction unlinks the oldest. (Re-inserting into the Map on every hit, and evicting through a
+  // fresh iterator, is slow in V8: deleted entries stay in the table until it is rebuilt.)
+  private oldest: Entry | null = null;
+  private newest: Entry | null = null;
   private bytes = 0;
 
   constructor(maxBytes: number = DEFAULT_PREFIX_MEMO_BYTES) {
@@ -74,8 +81,8 @@ export class PrefixMemo {
     for (let length = messages.length; length >= shortest; length--) {
       const e = this.entries.get(keyOf(scope, messages, length));
       if (e === undefined || !sameMessages(e.messages, messages)) continue;
-      this.entries.delete(e.key);
-      this.entries.set(e.key, e);
+      this.unlink(e);
+      this.link(e);
       return { length, chain: e.chain, counts: e.counts, earlier: e.earlier, entry: e };
     }
     return null;
@@ -99,12 +106,11 @@ export class PrefixMemo {
     if (bytes > this.maxBytes) return;
     // A list seen again keeps the length it first grew from.
     const earlier = previous === undefined ? null : previous.messages.length < messages.length ? previous.messages.length : previous.earlier;
-    this.entries.set(key, { key, earlier, messages, chain, counts, bytes });
+    const entry: Entry = { key, earlier, messages, chain, counts, bytes, older: null, newer: null };
+    this.entries.set(key, entry);
+    this.link(entry);
     this.bytes += bytes;
-    for (const oldest of this.entries.values()) {
-      if (this.bytes <= this.maxBytes) break;
-      this.drop(oldest);
-    }
+    while (this.bytes > this.maxBytes && this.oldest !== null) this.drop(this.oldest);
   }
 
   stats(): { entries: number; bytes: number; maxBytes: number } {
@@ -114,7 +120,25 @@ export class PrefixMemo {
   private drop(e: Entry): void {
     if (this.entries.get(e.key) !== e) return;
     this.entries.delete(e.key);
+    this.unlink(e);
     this.bytes -= e.bytes;
+  }
+
+  /** Puts `e` at the most recently used end. */
+  private link(e: Entry): void {
+    e.older = this.newest;
+    e.newer = null;
+    if (this.newest !== null) this.newest.newer = e;
+    else this.oldest = e;
+    this.newest = e;
+  }
+
+  private unlink(e: Entry): void {
+    if (e.older !== null) e.older.newer = e.newer;
+    else if (this.oldest === e) this.oldest = e.newer;
+    if (e.newer !== null) e.newer.older = e.older;
+    else if (this.newest === e) this.newest = e.older;
+    e.older = e.newer = null;
   }
 }
 

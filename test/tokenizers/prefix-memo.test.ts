@@ -8,6 +8,7 @@ import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import { TokenCache } from '../../metering/token-cache.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
 import { startGateway } from '../helpers/gateway.js';
+import { countMapCalls } from '../helpers/map-spy.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { plan } from '../../server/pipeline/plan.js';
 import { validateRequest } from '../../server/pipeline/endpoints.js';
@@ -109,6 +110,33 @@ t.test('memory is bounded in bytes: the least recently used lists go first', asy
   const none = new PrefixMemo(0);
   none.remember('k', lists[0]!, chainHashes(lists[0]!), null, null);
   t.equal(none.stats().entries, 0, 'size 0 turns it off');
+});
+
+// The same slow pattern the token cache had (test/tokenizers/token-cache.test.ts): a hit must not
+// delete from the Map, and an eviction must not start an iterator over it.
+t.test('a hit never deletes from the Map; an eviction deletes once; nothing iterates it', async (t) => {
+  const lists = Array.from({ length: 400 }, (_, i) => [{ role: 'user', content: `conversation ${i}` }] as ChatMessage[]);
+  const memo = new PrefixMemo(64 * 1024);
+  for (const l of lists.slice(0, 200)) memo.remember('k', l, chainHashes(l), null, null);
+  const full = memo.stats().entries;
+  t.ok(full > 50 && full < 200, `${full} lists fill the memo`);
+  const hot = lists[199]!;
+  const longer = [...hot, { role: 'assistant', content: 'x' }] as ChatMessage[];
+  chainHashes(longer); // digests memoised outside the counted part
+  let found = 0;
+  const hits = countMapCalls(() => {
+    for (let i = 0; i < 1000; i++) if (memo.match('k', longer)) found++;
+  });
+  t.equal(found, 1000);
+  t.equal(hits.delete, 0, 'hits delete nothing');
+  t.equal(hits.iterators, 0);
+  const fresh = lists.slice(200, 200 + Math.floor(full / 2));
+  const chains = fresh.map((l) => chainHashes(l));
+  const evictions = countMapCalls(() => fresh.forEach((l, i) => memo.remember('k', l, chains[i]!, null, null)));
+  t.equal(evictions.iterators, 0, 'eviction never starts an iterator');
+  t.equal(evictions.delete, fresh.length, 'one delete per eviction (each new list takes one old one\'s room)');
+  t.ok(memo.match('k', longer), 'the list in use stayed');
+  t.equal(memo.match('k', [...lists[0]!, { role: 'assistant', content: 'x' }]), null, 'the oldest went');
 });
 
 t.test('known counts give the same count as counting again, and spare the look-ups', async (t) => {

@@ -1,6 +1,7 @@
 import t from 'tap';
 import { cacheKey, TokenCache } from '../../metering/token-cache.js';
 import { canonicalJson } from '../../metering/canonical-json.js';
+import { countMapCalls } from '../helpers/map-spy.js';
 
 t.test('hits and misses are counted; recency decides eviction', async (t) => {
   const one = cacheKey('enc', 'a').length * 2 + 96; // the weight of one entry
@@ -48,35 +49,19 @@ t.test('a hit or a re-set never deletes from the Map; an eviction deletes once; 
   const keys = Array.from({ length: 3 * capacity }, (_, i) => cacheKey('enc', i));
   for (let i = 0; i < capacity; i++) cache.set(keys[i]!, { tokens: i, upperBound: false });
 
-  // 1. Spy on every Map operation that can leave a deleted entry behind or walk past one.
-  const proto = Map.prototype as unknown as Record<string | symbol, (...args: unknown[]) => unknown>;
-  const calls = { delete: 0, set: 0, iterators: 0 };
-  // (An array, not a Map: the spies would count their own bookkeeping.)
-  const originals: Array<[string | symbol, (...args: unknown[]) => unknown]> = [];
-  const spy = (name: string | symbol, count: () => void) => {
-    const original = proto[name]!;
-    originals.push([name, original]);
-    proto[name] = function (this: unknown, ...args: unknown[]) {
-      count();
-      return original.apply(this, args);
-    };
-  };
-  spy('delete', () => calls.delete++);
-  spy('set', () => calls.set++);
-  for (const name of ['keys', 'values', 'entries', 'forEach', Symbol.iterator]) spy(name, () => calls.iterators++);
-  let evictedAtOnce = 0;
-  try {
-    // 2. A hot key read and re-set many times, as a system prompt or a repeated message is.
+  // 1. A hot key read and re-set many times, as a system prompt or a repeated message is.
+  const hot = countMapCalls(() => {
     for (let i = 0; i < 5 * capacity; i++) {
       cache.get(keys[7]!);
       cache.set(keys[7]!, { tokens: 7, upperBound: false });
     }
-    evictedAtOnce = calls.delete;
-    // 3. New keys into the full cache: each evicts exactly one entry.
+  });
+  // 2. New keys into the full cache: each evicts exactly one entry.
+  const fresh = countMapCalls(() => {
     for (let i = capacity; i < 3 * capacity; i++) cache.set(keys[i]!, { tokens: i, upperBound: false });
-  } finally {
-    for (const [name, original] of originals) proto[name] = original;
-  }
+  });
+  const evictedAtOnce = hot.delete;
+  const calls = { delete: hot.delete + fresh.delete, set: hot.set + fresh.set, iterators: hot.iterators + fresh.iterators };
   t.equal(evictedAtOnce, 0, 'hits and re-sets of a cached key delete nothing from the Map');
   t.equal(calls.delete, 2 * capacity, 'one delete per eviction');
   t.equal(calls.set, 2 * capacity, 'one Map write per new key');
