@@ -149,6 +149,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     prices: PriceTable.load(config.prices.overrides),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
+    drain: new AbortController(),
     clock,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,

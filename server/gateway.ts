@@ -25,6 +25,11 @@ export interface Gateway {
   prefixMemo: PrefixMemo;
   /** Ids of this process's reservations admitted and not yet settled (kept alive in the store). */
   inFlight: Set<string>;
+  /**
+   * Aborted when a stopping gateway can wait no longer for its requests (server/main.ts): each
+   * one in flight then stops its upstream call, settles what was generated and ends its response.
+   */
+  drain: AbortController;
   clock: Clock;
   log: FastifyBaseLogger;
   adminToken: string | null;

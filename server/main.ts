@@ -9,6 +9,11 @@ import { ConfigError, loadConfig } from './config.js';
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
+/** How long a stopping gateway lets requests in flight run before it stops them (ms). */
+const DRAIN_MS = /^\d+$/.test(process.env.TOLLGATE_DRAIN_MS ?? '') ? Number(process.env.TOLLGATE_DRAIN_MS) : 25_000;
+/** When a stopping gateway exits whatever is left (ms). */
+const HARD_EXIT_MS = DRAIN_MS + 5_000;
+
 export function isLoopback(host: string): boolean {
   return LOOPBACK.has(host) || host.startsWith('127.');
 }
@@ -53,8 +58,19 @@ async function main(): Promise<void> {
     if (closing) return;
     closing = true;
     app.log.info({ signal }, 'shutting down');
-    // Stop taking connections, let requests in flight settle, then close pools and the store.
-    const timer = setTimeout(() => process.exit(1), 30_000);
+    // Stop taking connections, let requests in flight finish and settle, then close pools and the
+    // store. A keep-alive connection goes as soon as it is idle (Fastify keeps one open 72 s).
+    const idle = setInterval(() => app.server.closeIdleConnections(), 100);
+    idle.unref();
+    // Requests still running after DRAIN_MS are stopped: each settles what was generated and ends
+    // its response (a stream with a `shutting_down` error event) — none is left to be recovered,
+    // charged in full, at the next start. Past HARD_EXIT_MS the process exits regardless.
+    const drain = setTimeout(() => {
+      app.log.warn({ inFlight: app.gateway.inFlight.size }, 'requests still running at the drain deadline: stopping them');
+      app.gateway.drain.abort();
+    }, DRAIN_MS);
+    drain.unref();
+    const timer = setTimeout(() => process.exit(1), HARD_EXIT_MS);
     timer.unref();
     await app.close();
     process.exit(0);

@@ -52,6 +52,8 @@ export async function relayStream(
   meter: OutputMeter,
   abortUpstream: () => void,
   startHead: () => void,
+  /** True once the gateway stopped the stream because it is shutting down. */
+  draining: () => boolean = () => false,
 ): Promise<StreamOutcome> {
   const choicesExpected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const finished = new Set<number>();
@@ -255,7 +257,7 @@ export async function relayStream(
     } else {
       // Otherwise the client is told, as the provider would tell it: an error event, on which the
       // OpenAI SDKs throw an APIError — an agent must not take a broken answer for a whole one.
-      write(sseData({ error: out.upstreamError ?? LOST }));
+      write(sseData({ error: out.upstreamError ?? (draining() ? SHUTTING_DOWN : LOST) }));
     }
   }
   out.started = started;
@@ -267,6 +269,13 @@ const LOST: Json = {
   type: 'upstream_error',
   param: null,
   code: 'upstream_lost',
+};
+
+const SHUTTING_DOWN: Json = {
+  message: 'the gateway is shutting down: the stream was ended before the model finished; what was generated is charged',
+  type: 'server_error',
+  param: null,
+  code: 'shutting_down',
 };
 
 /** The error an upstream's `event: error` carries, in the OpenAI shape. */

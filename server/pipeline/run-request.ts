@@ -59,9 +59,15 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
   const once = { settling: false };
+  // A client that goes away aborts the upstream at once; so does a stopping gateway that can wait
+  // no longer (server/main.ts) — what was generated is settled either way.
+  const abort = new AbortController();
+  const onDrain = () => abort.abort(SHUTTING_DOWN);
+  gw.drain.signal.addEventListener('abort', onDrain, { once: true });
   try {
-    await relayAdmitted(gw, kind, request, reply, plan, t0, once);
-  } catch (err) {
+    await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
+  } catch (caught) {
+    const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? shuttingDown() : caught;
     if (!once.settling) {
       const status = err instanceof GatewayError ? err.status : 500;
       await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true }).catch(
@@ -69,8 +75,15 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
       );
     }
     throw err;
+  } finally {
+    gw.drain.signal.removeEventListener('abort', onDrain);
   }
 }
+
+/** The abort reason of a request stopped because the gateway is shutting down. */
+const SHUTTING_DOWN = Symbol('shutting down');
+const shuttingDown = () =>
+  new GatewayError('shutting_down', 'the gateway is shutting down: the request was stopped before the model answered; send it again');
 
 /** Stages 5–7 for an admitted plan: forward, relay, settle. `once.settling` is set when settlement begins. */
 async function relayAdmitted(
@@ -81,6 +94,7 @@ async function relayAdmitted(
   plan: Plan,
   t0: number,
   once: { settling: boolean },
+  abort: AbortController,
 ): Promise<void> {
   const settle: typeof settleOutcome = (...args) => {
     once.settling = true;
@@ -98,8 +112,7 @@ async function relayAdmitted(
   const pricier = pricierFor(gw, plan);
   if (pricier) notices.push(pricier);
 
-  // A client that goes away aborts the upstream at once; what was generated is still settled.
-  const abort = new AbortController();
+  const draining = () => abort.signal.reason === SHUTTING_DOWN;
   const onClose = () => {
     if (!reply.raw.writableFinished) abort.abort();
   };
@@ -144,12 +157,14 @@ async function relayAdmitted(
     res = await forward(plan, abort.signal);
   } catch (err) {
     upstreamMs = performance.now() - tForward;
-    const clientGone = abort.signal.aborted;
+    if (draining()) err = shuttingDown();
+    const clientGone = abort.signal.aborted && !draining();
     const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 502;
     // Only an upstream failure refunds the whole reservation; a client that left while the model
     // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
     settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone });
     if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    // (A stopping gateway's 503 carries the settled figures too: whole refund.)
     finishLog(status);
     // A 502/504 carries the settled figures too (whole refund), as an upstream's own error does.
     if (!clientGone) reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });
@@ -212,7 +227,7 @@ async function relayAdmitted(
       ...extra,
     });
   const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance);
-  const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}));
+  const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining);
   upstreamMs = performance.now() - tForward;
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
   // An upstream that failed before any output refunds the whole reservation, as a failure before
@@ -221,7 +236,7 @@ async function relayAdmitted(
   const failedBeforeOutput = upstreamFailed && meter.total() === 0;
   outcome = {
     // The ledger and the log say how it ended, though the client's status line said 200.
-    status: streamed.clientGone ? 499 : upstreamFailed ? 502 : 200,
+    status: streamed.clientGone ? 499 : upstreamFailed ? (draining() ? 503 : 502) : 200,
     countedOutput: meter.total(),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.

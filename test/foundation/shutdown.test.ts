@@ -1,0 +1,95 @@
+// A stopping gateway (SIGTERM, server/main.ts): requests in flight finish and are settled, a
+// keep-alive connection does not hold the process open, and a request still running at the drain
+// deadline is stopped — settled for what was generated, its stream ended with a `shutting_down`
+// error event — so none is left for the next start to recover and charge in full.
+
+import t, { type Test } from 'tap';
+import { Agent, request } from 'node:http';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGatewayProcess } from '../helpers/process.js';
+
+async function world(t: Test, tokens: number, env: NodeJS.ProcessEnv = {}) {
+  const upstream = await startOpenAiDouble({ completionTokens: tokens, delayMs: 100 });
+  t.teardown(upstream.close);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-shutdown-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const configPath = join(dir, 'config.json');
+  writeFileSync(
+    configPath,
+    JSON.stringify({
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstream.url}/v1`, models: ['gpt-*'], billing: 'local' }],
+      logging: { level: 'silent' },
+    }),
+  );
+  const started = await startGatewayProcess(configPath, env);
+  t.teardown(() => started.child.kill('SIGKILL'));
+  return { ...started, configPath, upstream };
+}
+
+const exited = (child: ChildProcess) => new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+
+/** A streamed chat request on a keep-alive connection; resolves with the whole body once it ends. */
+function streamOnKeepAlive(url: string, agent: Agent, onFirstChunk: () => void): Promise<string> {
+  const body = JSON.stringify({ model: 'gpt-4o', max_tokens: 100, stream: true, messages: [{ role: 'user', content: 'Tell me a long story.' }] });
+  return new Promise((resolve, reject) => {
+    const req = request(`${url}/v1/chat/completions`, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+      let text = '';
+      let first = true;
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => {
+        text += d;
+        if (first) {
+          first = false;
+          onFirstChunk();
+        }
+      });
+      res.on('end', () => resolve(text));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+async function ledgerRows(url: string): Promise<Array<Record<string, unknown>>> {
+  const text = await (await fetch(`${url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } })).text();
+  return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+}
+
+t.test('SIGTERM during a stream on a keep-alive connection: the stream ends whole and the process exits 0', async (t) => {
+  const { url, child } = await world(t, 5);
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGTERM'));
+  t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
+  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled: 5 of 100 generated');
+  // The idle keep-alive socket does not hold the server open until the hard deadline (exit 1).
+  t.equal(await done, 0, 'the process exits 0');
+});
+
+t.test('a stream still running at the drain deadline is stopped, settled for what it generated, and told why', async (t) => {
+  const { url, child, configPath } = await world(t, 200, { TOLLGATE_DRAIN_MS: '500' });
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGTERM'));
+  t.match(text, /"code":"shutting_down"/, 'the stream ends with a shutting_down error event');
+  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":\d+/, 'with its settled figures');
+  t.equal(await done, 0, 'the process exits 0, well before the hard deadline');
+
+  // At the next start nothing is left to recover: the request was settled for what it generated.
+  const again = await startGatewayProcess(configPath);
+  t.teardown(() => again.child.kill('SIGKILL'));
+  const rows = await ledgerRows(again.url);
+  t.equal(rows.length, 1);
+  t.equal(rows[0]!.state, 'settled', 'settled by the stopping gateway, not recovered at start');
+  t.equal(rows[0]!.status, 503);
+  const generated = rows[0]!.generated_tokens as number;
+  t.ok(generated > 0 && generated < 200, `charged for the ${generated} tokens generated, not the whole allowance`);
+});
