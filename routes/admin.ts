@@ -8,7 +8,7 @@ import { requireAdmin } from '../server/auth-hooks.js';
 import { hashKey } from '../server/auth.js';
 import { roundUsd } from '../pricing/model-price.js';
 import { GatewayError } from '../server/errors.js';
-import { monthOf } from '../server/pipeline/plan.js';
+import { MAX_CONVERSATION_ID_LENGTH, isConversationId, monthOf } from '../server/pipeline/plan.js';
 import { spendView } from './spend.js';
 
 type Body = Record<string, unknown>;
@@ -38,12 +38,26 @@ function id(b: Body, field: string): string {
   return v;
 }
 
-function timeParam(v: string | undefined, name: string): number | null {
+// An ISO 8601 date, or date and time with an optional fraction and zone: what `Date.parse` reads
+// the same everywhere. Anything else it would guess at ("-5" is May 2001), so it is refused.
+const ISO_TIME = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:\d{2})?)?$/;
+
+function timeParam(v: unknown, name: string): number | null {
   if (v === undefined || v === '') return null;
-  const ms = /^\d+$/.test(v) ? Number(v) : Date.parse(v);
-  if (!Number.isFinite(ms)) throw new GatewayError('invalid_request', `${name}: must be an ISO time or epoch milliseconds`, {}, name);
+  const bad = () => new GatewayError('invalid_request', `${name}: must be one ISO 8601 time (2026-11-01 or 2026-11-01T12:00:00Z) or epoch milliseconds`, {}, name);
+  if (typeof v !== 'string') throw bad();
+  if (/^\d+$/.test(v)) return Number(v);
+  const m = ISO_TIME.exec(v);
+  const ms = Date.parse(v);
+  if (!m || !Number.isFinite(ms)) throw bad();
+  // A day past its month's end (2026-02-31) parses as another day: refused, not rolled over.
+  const [, y, mo, d] = m;
+  const day = new Date(Date.UTC(Number(y), Number(mo) - 1, Number(d)));
+  if (day.getUTCFullYear() !== Number(y) || day.getUTCMonth() !== Number(mo) - 1 || day.getUTCDate() !== Number(d)) throw bad();
   return ms;
 }
+
+const EXPORT_YIELD_ROWS = 1000;
 
 const route: FastifyPluginAsync = async (app) => {
   app.addHook('preHandler', async (request, reply) => {
@@ -91,6 +105,10 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.put<{ Params: { id: string } }>('/admin/conversations/:id/cap', async (request) => {
+    // Only an id a client can send (x-tollgate-conversation) can ever meet this cap.
+    if (!isConversationId(request.params.id)) {
+      throw new GatewayError('invalid_request', `conversation id: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, 'id');
+    }
     const b = body(request.body);
     const cap = usdOrNull(b, 'cap_usd', true) ?? null;
     await ledger().setConversationCap(request.params.id, null, cap);
@@ -107,7 +125,7 @@ const route: FastifyPluginAsync = async (app) => {
     const tenant = await ledger().getTenant(request.params.id);
     if (!tenant) throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
     const month = request.query.month ?? monthOf(app.gateway.clock());
-    if (!/^\d{4}-\d{2}$/.test(month)) throw new GatewayError('invalid_request', 'month: must be YYYY-MM', {}, 'month');
+    if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw new GatewayError('invalid_request', 'month: must be YYYY-MM', {}, 'month');
     const m = await ledger().tenantMonth(tenant.id, month);
     return {
       tenant: tenant.id,
@@ -126,8 +144,15 @@ const route: FastifyPluginAsync = async (app) => {
     reply.hijack();
     const raw = reply.raw;
     raw.writeHead(200, { 'content-type': 'application/x-ndjson; charset=utf-8' });
+    let sinceYield = 0;
     for await (const row of ledger().exportRows(since, until)) {
       if (!raw.write(`${JSON.stringify(row)}\n`)) await new Promise((r) => raw.once('drain', r));
+      // A socket that takes every write never makes the loop wait: every 1,000 rows the event
+      // loop gets a turn, or a large export would hold up every other request until it ended.
+      if (++sinceYield === EXPORT_YIELD_ROWS) {
+        sinceYield = 0;
+        await new Promise((r) => setImmediate(r));
+      }
     }
     raw.end();
   });

@@ -68,12 +68,17 @@ export interface Plan {
 export const MAX_CONVERSATION_ID_LENGTH = 256;
 const PRINTABLE_ASCII = /^[\x20-\x7e]+$/;
 
+/** Whether `s` can name a conversation: what a client can send in a header, and what routes take. */
+export function isConversationId(s: string): boolean {
+  return s.length > 0 && s.length <= MAX_CONVERSATION_ID_LENGTH && PRINTABLE_ASCII.test(s);
+}
+
 /** A conversation id from a header (trimmed; absent or blank is null), refused unless printable ASCII of a bounded length. */
 function idHeader(headers: Headers, name: string): string | null {
   const v = headers[name];
   const s = (Array.isArray(v) ? v[0] : v)?.trim();
   if (!s) return null;
-  if (s.length > MAX_CONVERSATION_ID_LENGTH || !PRINTABLE_ASCII.test(s)) {
+  if (!isConversationId(s)) {
     throw new GatewayError('invalid_request', `${name}: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, name);
   }
   return s;

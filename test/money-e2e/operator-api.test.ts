@@ -109,6 +109,16 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
   const bad = await call(gw.url, 'GET', '/admin/ledger?since=yesterday', ADMIN);
   t.equal(bad.status, 400);
   t.match(bad.body, { error: { param: 'since' } });
+  // Nor is what Date.parse would guess at ("-5" is May 2001), a day past its month's end, or two values.
+  for (const q of ['since=-5', 'since=1.5', 'since=x%202026', 'until=2026-02-31', 'since=1&since=2']) {
+    const r = await call(gw.url, 'GET', `/admin/ledger?${q}`, ADMIN);
+    t.equal(r.status, 400, `${q}: 400`);
+  }
+  t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01', ADMIN)).status, 200, 'a date alone is a time');
+  t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01T12:00:00.5%2B01:00', ADMIN)).status, 200, 'so is one with a fraction and a zone');
+  // And an operator can cap only a conversation id a client can send; a month is a month.
+  t.equal((await call(gw.url, 'PUT', `/admin/conversations/${'c'.repeat(257)}/cap`, ADMIN, { cap_usd: 1 })).status, 400);
+  t.equal((await call(gw.url, 'GET', '/admin/tenants/alice/spend?month=2026-13', ADMIN)).status, 400);
 });
 
 t.test('posting a tenant again changes only what the body says', async (t) => {
@@ -139,3 +149,4 @@ t.test('spend views show sums rounded like each turn, with no float dust', async
   t.same(conversation.body.by_model, { 'gpt-4o-mini': { turns: 2, spent_usd: 0.3 } });
   t.equal((await call(gw.url, 'GET', '/admin/conversations/dust/spend', ADMIN)).body.spent_usd, 0.3);
 });
+
