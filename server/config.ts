@@ -89,6 +89,9 @@ export const DEFAULT_RUNS: RunsConfig = Object.freeze({
   writeTools: [],
 });
 
+/** Tenant ids, in the config and in the operator API alike. */
+export const TENANT_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
+
 function readRunBounds(r: Reader, partial: boolean): Partial<RunBoundsConfig> {
   const out: Partial<RunBoundsConfig> = {};
   const pick = <K extends keyof RunBoundsConfig>(k: K, v: RunBoundsConfig[K] | undefined) => {
@@ -218,8 +221,22 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   };
   root.rejectUnknown();
   checkAnswerReserves(root, config);
+  const keys = new Map<string, number>();
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');
+    if (!TENANT_ID.test(k.tenant)) root.fail(`auth.keys[${i}].tenant`, 'must be 1–128 letters, digits or . _ : @ -');
+    // One key, one tenant: a repeated key would silently belong to the last tenant it names.
+    const first = keys.get(k.key);
+    if (first !== undefined) root.fail(`auth.keys[${i}].key`, `repeats auth.keys[${first}].key: a key belongs to one tenant`);
+    keys.set(k.key, i);
+  }
+  const tenants = new Map<string, number>();
+  for (const [i, tenant] of config.tenants.entries()) {
+    // The operator API's rule for tenant ids, so every configured tenant can be named in its routes.
+    if (!TENANT_ID.test(tenant.id)) root.fail(`tenants[${i}].id`, 'must be 1–128 letters, digits or . _ : @ -');
+    const first = tenants.get(tenant.id);
+    if (first !== undefined) root.fail(`tenants[${i}].id`, `repeats tenants[${first}].id`);
+    tenants.set(tenant.id, i);
   }
   return deepFreeze(config);
 }

@@ -74,6 +74,17 @@ t.test("the answer's reserve must be smaller than the token budget it is taken f
   t.doesNotThrow(() => parseConfig({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000, answerReserveTokens: 200 } }] }, {}));
 });
 
+t.test('a key belongs to one tenant; tenant ids are ones the operator API can name', async (t) => {
+  const base = { upstreams: [upstream()] };
+  t.match(
+    configError({ ...base, auth: { keys: [{ key: 'tg-shared', tenant: 'alpha', monthlyBudgetUsd: 5 }, { key: 'tg-shared', tenant: 'beta' }] } }),
+    /^auth\.keys\[1\]\.key: repeats auth\.keys\[0\]\.key/,
+  );
+  t.match(configError({ ...base, tenants: [{ id: 'a' }, { id: 'a', monthlyBudgetUsd: 1 }] }), /^tenants\[1\]\.id: repeats tenants\[0\]\.id/);
+  t.match(configError({ ...base, tenants: [{ id: 'team a/b' }] }), /^tenants\[0\]\.id: must be 1–128 letters/);
+  t.match(configError({ ...base, auth: { keys: [{ key: 'tg-k', tenant: 'has space' }] } }), /^auth\.keys\[0\]\.tenant: must be 1–128 letters/);
+});
+
 t.test('defaults', async (t) => {
   const c = parseConfig({ upstreams: [upstream()] }, {});
   t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
