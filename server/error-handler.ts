@@ -21,6 +21,11 @@ function routeLabel(request: FastifyRequest): string {
   return endpointForPath(pattern) ?? pattern;
 }
 
+/** A request to a proxied endpoint (chat, completions, embeddings). */
+function proxied(request: FastifyRequest): boolean {
+  return endpointForPath(request.routeOptions.url ?? '') !== null;
+}
+
 function clientGone(request: FastifyRequest, response: { destroyed: boolean }): boolean {
   return response.destroyed || request.raw.socket?.destroyed === true;
 }
@@ -32,7 +37,9 @@ export function registerErrorHandling(app: FastifyInstance): void {
       if (!request.settledLogged) {
         const model = request.routedModel ?? null;
         const upstream = model === null ? null : (gw.upstreams.route(model)?.name ?? null);
-        if (request.url.startsWith('/v1/')) gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
+        // The proxied endpoints only, as their answers are counted (run-request.ts): a route that
+        // counted only its failures would read as failing every time.
+        if (proxied(request)) gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
         request.log.info(
           { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream },
           'request refused',
@@ -41,7 +48,8 @@ export function registerErrorHandling(app: FastifyInstance): void {
       return reply.code(status).headers(headers).send(body);
     };
     if (err instanceof GatewayError) {
-      if (err.status < 500) gw.metrics.refusals.inc({ reason: err.code });
+      // Refusals of model requests: not an operator call without its token, nor a scrape without its own.
+      if (err.status < 500 && proxied(request)) gw.metrics.refusals.inc({ reason: err.code });
       else request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
       // Refusals are final; an upstream failure (5xx) is not, so SDKs keep their own retry rules.
       return answer(err.status, err.code, err.toEnvelope(), err.status < 500 ? NO_RETRY_HEADERS : {});

@@ -172,3 +172,19 @@ t.test('requests Node refuses before routing (bad framing, huge headers) get the
   t.match(JSON.parse(huge.slice(huge.indexOf('\r\n\r\n') + 4)), { error: { code: 'invalid_request', message: 'the request headers are too large' } });
   t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'and the gateway goes on serving');
 });
+
+t.test('request and refusal counters count model requests only', async (t) => {
+  // Found by an outside audit: /v1/models and the other info routes were counted only when they
+  // failed (an error ratio of 100 %), and every scrape or operator call without its token counted
+  // as a refusal.
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)], auth: { keys: [{ key: 'tg-k', tenant: 'a' }] } });
+  t.equal((await fetch(`${gw.url}/v1/models`)).status, 401);
+  t.equal((await fetch(`${gw.url}/admin/keys`, { method: 'POST' })).status, 401);
+  t.equal((await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).status, 400);
+  const text = await (await fetch(`${gw.url}/metrics`)).text();
+  const series = (name: string) => text.split('\n').filter((l) => l.startsWith(`${name}{`));
+  t.same(series('tollgate_requests_total').map((l) => l.replace(/ \d+$/, '')), ['tollgate_requests_total{route="chat",upstream="",status="400"}']);
+  t.same(series('tollgate_refusals_total').map((l) => l.replace(/ \d+$/, '')), ['tollgate_refusals_total{reason="invalid_request"}']);
+});
