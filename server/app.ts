@@ -5,6 +5,7 @@ import Fastify, { LogController, type FastifyInstance, type FastifyReply, type F
 import type { Dispatcher } from 'undici';
 import { Registry } from 'prom-client';
 import type { Config, UpstreamConfig } from './config.js';
+import { ConfigError } from './config-reader.js';
 import type { Ledger } from '../metering/ledger.js';
 import { openStore } from '../metering/stores/open-store.js';
 import { initMetrics } from './metrics.js';
@@ -106,6 +107,14 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
         waitMs: opts.ledgerLockWaitMs,
         onWait: (path) => app.log.warn({ path }, 'the SQLite ledger is held by another Tollgate process: waiting for it to stop'),
       },
+    }).catch((err: unknown) => {
+      // A file that cannot be opened (its folder missing or not writable) is the config's problem:
+      // said with the field and the path, not as a stack trace.
+      const code = (err as { code?: string }).code;
+      if (config.store.kind === 'sqlite' && (code === 'SQLITE_CANTOPEN' || (err instanceof TypeError && /directory does not exist/.test(err.message)))) {
+        throw new ConfigError(`store.path: cannot open the SQLite ledger ${config.store.path} (or its lock ${config.store.path}-lock): ${(err as Error).message}; the folder must exist and be writable`);
+      }
+      throw err;
     }));
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
   // SQLite has one gateway process per file, so every open reservation at start was left by a

@@ -196,3 +196,13 @@ t.test('a price overrides file that cannot be read is a configuration error too:
   t.match(s.stderr(), /^tollgate: invalid configuration: prices\.overrides: cannot read /);
   t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
 });
+
+t.test('a ledger path in a folder that does not exist: exit 2, naming store.path and the file', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const missing = join(dir, 'no-such-folder', 'ledger.db');
+  const s = startConfigured(t, dir, minimalConfig(dir, { store: { kind: 'sqlite', path: missing } }), { TOLLGATE_PORT: String(port) });
+  t.equal(await s.exited, 2);
+  t.match(s.stderr(), `tollgate: invalid configuration: store.path: cannot open the SQLite ledger ${missing}`);
+  t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
+});
