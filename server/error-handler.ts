@@ -30,7 +30,20 @@ function clientGone(request: FastifyRequest, response: { destroyed: boolean }): 
   return response.destroyed || request.raw.socket?.destroyed === true;
 }
 
+/** Routes whose every call is logged at debug only: probes and scrapes, every few seconds. */
+const QUIET_ROUTES = new Set(['/healthz', '/readyz', '/metrics']);
+
 export function registerErrorHandling(app: FastifyInstance): void {
+  // One line for every other request too (SPEC §10): the operator API (an audit trail of keys,
+  // budgets and caps), admission, models, spend views. Model requests have theirs already.
+  app.addHook('onResponse', async (request, reply) => {
+    if (request.settledLogged) return;
+    const route = request.routeOptions.url ?? 'unmatched';
+    const line = { route, method: request.method, status: reply.statusCode, ms: Math.round(reply.elapsedTime * 1000) / 1000, tenant: request.principal?.tenant ?? null };
+    if (QUIET_ROUTES.has(route)) request.log.debug(line, 'request');
+    else request.log.info(line, 'request');
+  });
+
   app.setErrorHandler((err: FastifyError | GatewayError | Error, request, reply) => {
     const gw = app.gateway;
     const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS) => {
@@ -44,6 +57,7 @@ export function registerErrorHandling(app: FastifyInstance): void {
           { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream },
           'request refused',
         );
+        request.settledLogged = true;
       }
       return reply.code(status).headers(headers).send(body);
     };

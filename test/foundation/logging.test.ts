@@ -137,3 +137,21 @@ t.test('logging.prompts: true adds the prompt to the request line (off by defaul
   t.same(line?.prompt, [{ role: 'user', content: PROMPT }]);
   t.notOk(gw.output().includes(KEY), 'the key still is not');
 });
+
+t.test('operator calls, admission and the info routes get one line each, without their tokens', async (t) => {
+  const gw = await loggedGateway(t, 'info');
+  const made = await fetch(`${gw.url}/admin/keys`, { method: 'POST', headers: { authorization: 'Bearer admin-secret', 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'acme' }) });
+  t.equal(made.status, 201);
+  const key = ((await made.json()) as { key: string }).key;
+  t.equal((await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).status, 200);
+  t.equal((await fetch(`${gw.url}/healthz`)).status, 200);
+  const lines = gw.lines().filter((l) => l.msg === 'request');
+  t.match(lines, [
+    { level: 30, route: '/admin/keys', method: 'POST', status: 201, ms: Number },
+    { level: 30, route: '/v1/models', method: 'GET', status: 200, tenant: 'acme' },
+  ]);
+  t.equal(lines.length, 2, 'probes are logged at debug only');
+  t.notMatch(gw.output(), /admin-secret/, 'no admin token');
+  t.notMatch(gw.output(), new RegExp(key), 'no key made');
+  t.notMatch(gw.output(), new RegExp(KEY), 'no client key');
+});
