@@ -6,6 +6,7 @@ import type { Dispatcher } from 'undici';
 import { Registry } from 'prom-client';
 import type { Config, UpstreamConfig } from './config.js';
 import { ConfigError } from './config-reader.js';
+import { setMaxListeners } from 'node:events';
 import type { Ledger } from '../metering/ledger.js';
 import { openStore } from '../metering/stores/open-store.js';
 import { initMetrics } from './metrics.js';
@@ -148,6 +149,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     loadEncoders(encodings);
     if (encodings.length > 0) app.log.info({ encodings, ms: Math.round(performance.now() - started) }, 'tokenizers loaded');
   }
+  // Every request in flight listens on it: no limit on listeners (Node warns past 10).
+  const drain = new AbortController();
+  setMaxListeners(0, drain.signal);
   const gateway: Gateway = {
     config,
     ledger,
@@ -158,7 +162,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     prices: PriceTable.load(config.prices.overrides),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
-    drain: new AbortController(),
+    drain,
     clock,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,

@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGatewayProcess } from '../helpers/process.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 
 async function world(t: Test, tokens: number, env: NodeJS.ProcessEnv = {}) {
   const upstream = await startOpenAiDouble({ completionTokens: tokens, delayMs: 100 });
@@ -92,4 +93,24 @@ t.test('a stream still running at the drain deadline is stopped, settled for wha
   t.equal(rows[0]!.status, 503);
   const generated = rows[0]!.generated_tokens as number;
   t.ok(generated > 0 && generated < 200, `charged for the ${generated} tokens generated, not the whole allowance`);
+});
+
+t.test('many requests in flight listen for the drain without a listener-leak warning', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, delayMs: 50 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const warnings: string[] = [];
+  const onWarning = (w: Error) => warnings.push(w.name);
+  process.on('warning', onWarning);
+  t.teardown(() => process.off('warning', onWarning));
+  const requests = Array.from({ length: 16 }, (_, i) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o', max_tokens: 5, stream: true, messages: [{ role: 'user', content: `question ${i}` }] }),
+    }).then((r) => r.text()),
+  );
+  await Promise.all(requests);
+  await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
+  t.same(warnings.filter((w) => w === 'MaxListenersExceededWarning'), []);
 });
