@@ -5,28 +5,15 @@
 
 import t, { type Test } from 'tap';
 import { Agent, request } from 'node:http';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGatewayProcess } from '../helpers/process.js';
+import { processConfig, startGatewayProcess } from '../helpers/process.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 
 async function world(t: Test, tokens: number, env: NodeJS.ProcessEnv = {}) {
   const upstream = await startOpenAiDouble({ completionTokens: tokens, delayMs: 100 });
   t.teardown(upstream.close);
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-shutdown-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
-  const configPath = join(dir, 'config.json');
-  writeFileSync(
-    configPath,
-    JSON.stringify({
-      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
-      upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstream.url}/v1`, models: ['gpt-*'], billing: 'local' }],
-      logging: { level: 'silent' },
-    }),
-  );
+  const { configPath } = processConfig(t, upstream.url, 'tollgate-shutdown-');
   const started = await startGatewayProcess(configPath, env);
   t.teardown(() => started.child.kill('SIGKILL'));
   return { ...started, configPath, upstream };

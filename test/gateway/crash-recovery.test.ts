@@ -2,26 +2,13 @@
 // its ledger row, no reservation is left open, and the run invariant holds (SPEC §9).
 
 import t from 'tap';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGatewayProcess } from '../helpers/process.js';
+import { processConfig, startGatewayProcess } from '../helpers/process.js';
 
 t.test('SIGKILL under load, then restart', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 10, delayMs: 15 });
   t.teardown(upstream.close);
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
-  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
-  const configPath = join(dir, 'config.json');
-  writeFileSync(
-    configPath,
-    JSON.stringify({
-      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
-      upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstream.url}/v1`, models: ['gpt-*'], billing: 'local' }],
-      logging: { level: 'silent' },
-    }),
-  );
+  const { configPath } = processConfig(t, upstream.url, 'tollgate-crash-');
   const first = await startGatewayProcess(configPath);
   let child = first.child;
   t.teardown(() => child.kill('SIGKILL'));

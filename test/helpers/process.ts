@@ -3,6 +3,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 
 const root = new URL('../..', import.meta.url).pathname;
 
@@ -45,4 +47,23 @@ export async function startGatewayProcess(configPath: string, env: NodeJS.Proces
     throw err;
   }
   return { url, child };
+}
+
+/**
+ * A config file in a fresh temp folder (removed at teardown) for a gateway process in front of the
+ * OpenAI double at `upstreamUrl`: an SQLite ledger in the same folder, `gpt-*` models, billing local.
+ */
+export function processConfig(t: { teardown(fn: () => void): void }, upstreamUrl: string, prefix: string): { dir: string; configPath: string } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const configPath = join(dir, 'config.json');
+  writeFileSync(
+    configPath,
+    JSON.stringify({
+      store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
+      upstreams: [{ name: 'openai', kind: 'openai', baseUrl: `${upstreamUrl}/v1`, models: ['gpt-*'], billing: 'local' }],
+      logging: { level: 'silent' },
+    }),
+  );
+  return { dir, configPath };
 }
