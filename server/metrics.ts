@@ -4,7 +4,7 @@
 import { Counter, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 
 export function initMetrics(registry: Registry = new Registry(), opts: { defaults?: boolean } = {}) {
-  if (opts.defaults) collectDefaultMetrics({ register: registry, prefix: 'tollgate_process_' });
+  if (opts.defaults) collectDefaultMetrics({ register: registry, prefix: 'tollgate_' });
   const registers = [registry];
   const m = {
     registry,

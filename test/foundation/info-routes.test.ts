@@ -4,6 +4,11 @@
 import t from 'tap';
 import OpenAI from 'openai';
 import { connect } from 'node:net';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { buildApp } from '../../server/app.js';
+import { parseConfig } from '../../server/config.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.js';
@@ -187,4 +192,16 @@ t.test('request and refusal counters count model requests only', async (t) => {
   const series = (name: string) => text.split('\n').filter((l) => l.startsWith(`${name}{`));
   t.same(series('tollgate_requests_total').map((l) => l.replace(/ \d+$/, '')), ['tollgate_requests_total{route="chat",upstream="",status="400"}']);
   t.same(series('tollgate_refusals_total').map((l) => l.replace(/ \d+$/, '')), ['tollgate_refusals_total{reason="invalid_request"}']);
+});
+
+t.test("Node's own metrics carry the tollgate_ prefix once", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-metrics-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  // No registry given: the app makes its own, with prom-client's default metrics.
+  const app = await buildApp({ config: parseConfig({ store: { kind: 'sqlite', path: join(dir, 'ledger.db') }, logging: { level: 'silent' } }, {}), env: {} });
+  t.teardown(() => app.close());
+  const text = (await app.inject({ method: 'GET', url: '/metrics' })).body;
+  t.match(text, /^tollgate_process_cpu_user_seconds_total /m);
+  t.match(text, /^tollgate_nodejs_eventloop_lag_seconds /m);
+  t.notMatch(text, /tollgate_process_process_/);
 });
