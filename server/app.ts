@@ -143,6 +143,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   await applyConfiguredTenants(ledger, config, app.log);
 
   const upstreams = new UpstreamRegistry(config, env, opts.dispatcherFor);
+  // A key the config names but the environment lacks: the upstream would answer every request 401.
+  for (const u of config.upstreams) {
+    if (u.apiKeyEnv && !env[u.apiKeyEnv]) app.log.warn({ upstream: u.name, apiKeyEnv: u.apiKeyEnv }, 'the upstream\'s API key variable is not set: its requests go without a key');
+  }
   if (opts.loadTokenizers) {
     const started = performance.now();
     const encodings = encodingsServed(upstreams);

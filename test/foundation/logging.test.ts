@@ -155,3 +155,27 @@ t.test('operator calls, admission and the info routes get one line each, without
   t.notMatch(gw.output(), new RegExp(key), 'no key made');
   t.notMatch(gw.output(), new RegExp(KEY), 'no client key');
 });
+
+t.test('an upstream key variable the environment lacks is warned about at start, by name only', async (t) => {
+  let output = '';
+  const stream = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      output += chunk.toString('utf8');
+      done();
+    },
+  });
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-log-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const config = parseConfig(
+    { store: { kind: 'sqlite', path: join(dir, 'ledger.db') }, upstreams: [openaiUpstream('http://127.0.0.1:9', { apiKeyEnv: 'NOT_SET_KEY' })] },
+    {},
+  );
+  const app = await buildApp({ config, registry: new Registry(), env: { DOUBLE_KEY: UPSTREAM_KEY }, logger: { level: 'info', stream } });
+  t.teardown(() => app.close());
+  const warned = output
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Line)
+    .filter((l) => l.level === 40);
+  t.match(warned, [{ upstream: 'openai', apiKeyEnv: 'NOT_SET_KEY', msg: /API key variable is not set/ }]);
+});
