@@ -8,7 +8,7 @@ import { requireAdmin } from '../server/auth-hooks.js';
 import { hashKey } from '../server/auth.js';
 import { roundUsd } from '../pricing/model-price.js';
 import { GatewayError } from '../server/errors.js';
-import { TENANT_ID } from '../server/config.js';
+import { TENANT_ID, TENANT_ID_RULE } from '../server/config.js';
 import { MAX_CONVERSATION_ID_LENGTH, isConversationId, monthOf } from '../server/pipeline/plan.js';
 import { spendView } from './spend.js';
 
@@ -34,7 +34,7 @@ function usdOrNull(b: Body, field: string, required: boolean): number | null | u
 function id(b: Body, field: string): string {
   const v = b[field];
   if (typeof v !== 'string' || !TENANT_ID.test(v)) {
-    throw new GatewayError('invalid_request', `${field}: must be 1–128 letters, digits or ._:@-`, {}, field);
+    throw new GatewayError('invalid_request', `${field}: ${TENANT_ID_RULE}`, {}, field);
   }
   return v;
 }

@@ -91,6 +91,8 @@ export const DEFAULT_RUNS: RunsConfig = Object.freeze({
 
 /** Tenant ids, in the config and in the operator API alike. */
 export const TENANT_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
+/** What TENANT_ID asks, for the errors that refuse an id. */
+export const TENANT_ID_RULE = 'must be 1–128 letters, digits or . _ : @ -';
 
 function readRunBounds(r: Reader, partial: boolean): Partial<RunBoundsConfig> {
   const out: Partial<RunBoundsConfig> = {};
@@ -224,7 +226,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   const keys = new Map<string, number>();
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');
-    if (!TENANT_ID.test(k.tenant)) root.fail(`auth.keys[${i}].tenant`, 'must be 1–128 letters, digits or . _ : @ -');
+    if (!TENANT_ID.test(k.tenant)) root.fail(`auth.keys[${i}].tenant`, TENANT_ID_RULE);
     // One key, one tenant: a repeated key would silently belong to the last tenant it names.
     const first = keys.get(k.key);
     if (first !== undefined) root.fail(`auth.keys[${i}].key`, `repeats auth.keys[${first}].key: a key belongs to one tenant`);
@@ -233,7 +235,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   const tenants = new Map<string, number>();
   for (const [i, tenant] of config.tenants.entries()) {
     // The operator API's rule for tenant ids, so every configured tenant can be named in its routes.
-    if (!TENANT_ID.test(tenant.id)) root.fail(`tenants[${i}].id`, 'must be 1–128 letters, digits or . _ : @ -');
+    if (!TENANT_ID.test(tenant.id)) root.fail(`tenants[${i}].id`, TENANT_ID_RULE);
     const first = tenants.get(tenant.id);
     if (first !== undefined) root.fail(`tenants[${i}].id`, `repeats tenants[${first}].id`);
     tenants.set(tenant.id, i);

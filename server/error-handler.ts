@@ -36,12 +36,15 @@ const QUIET_ROUTES = new Set(['/healthz', '/readyz', '/metrics']);
 export function registerErrorHandling(app: FastifyInstance): void {
   // One line for every other request too (SPEC §10): the operator API (an audit trail of keys,
   // budgets and caps), admission, models, spend views. Model requests have theirs already.
-  app.addHook('onResponse', async (request, reply) => {
-    if (request.settledLogged) return;
-    const route = request.routeOptions.url ?? 'unmatched';
-    const line = { route, method: request.method, status: reply.statusCode, ms: Math.round(reply.elapsedTime * 1000) / 1000, tenant: request.principal?.tenant ?? null };
-    if (QUIET_ROUTES.has(route)) request.log.debug(line, 'request');
-    else request.log.info(line, 'request');
+  // (A callback hook, not an async one: every model request passes through it, and returns at once.)
+  app.addHook('onResponse', (request, reply, done) => {
+    if (!request.settledLogged) {
+      const route = request.routeOptions.url ?? 'unmatched';
+      const line = { route, method: request.method, status: reply.statusCode, ms: Math.round(reply.elapsedTime * 1000) / 1000, tenant: request.principal?.tenant ?? null };
+      if (QUIET_ROUTES.has(route)) request.log.debug(line, 'request');
+      else request.log.info(line, 'request');
+    }
+    done();
   });
 
   app.setErrorHandler((err: FastifyError | GatewayError | Error, request, reply) => {

@@ -164,9 +164,9 @@ async function relayAdmitted(
     // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
     settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone });
     if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
-    // (A stopping gateway's 503 carries the settled figures too: whole refund.)
     finishLog(status);
-    // A 502/504 carries the settled figures too (whole refund), as an upstream's own error does.
+    // A 502/504 (or a stopping gateway's 503) carries the settled figures too (whole refund), as an
+    // upstream's own error does.
     if (!clientGone) reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });
     throw err;
   }
