@@ -1,0 +1,48 @@
+// Incremental SSE framing (server/pipeline/sse.ts): however the upstream's bytes are cut into
+// reads, the same events come out as from the whole stream in one read.
+
+import t from 'tap';
+import { SseParser, type SseEvent } from '../../server/pipeline/sse.js';
+
+function parse(pieces: Buffer[]): SseEvent[] {
+  const p = new SseParser();
+  const events: SseEvent[] = [];
+  for (const piece of pieces) events.push(...p.push(piece));
+  events.push(...p.end());
+  return events;
+}
+
+t.test('every cut into two reads gives the events of one read, CRLF and multi-byte text included', async (t) => {
+  const stream = Buffer.from(
+    [
+      'data: {"choices":[{"index":0,"delta":{"content":"café 🎉"}}]}',
+      ': a comment',
+      'event: error\r\ndata: {"error":{"message":"overloaded"}}',
+      'data: {"choices":[{"index":0,"delta":{"content":"naïve"}}]}',
+      'data: [DONE]',
+    ].join('\r\n\r\n') + '\r\n\r\n',
+  );
+  const whole = parse([stream]);
+  t.equal(whole.length, 5);
+  t.same(whole[2], { data: '{"error":{"message":"overloaded"}}', raw: 'event: error\ndata: {"error":{"message":"overloaded"}}', event: 'error' });
+  t.equal(whole[0]!.data, '{"choices":[{"index":0,"delta":{"content":"café 🎉"}}]}');
+  let differing = 0;
+  for (let cut = 1; cut < stream.length; cut++) {
+    const events = parse([stream.subarray(0, cut), stream.subarray(cut)]);
+    if (JSON.stringify(events) !== JSON.stringify(whole)) {
+      differing++;
+      t.fail(`cut at byte ${cut} (${JSON.stringify(stream.subarray(cut - 2, cut + 2).toString('latin1'))}) gave other events`, { found: events, wanted: whole });
+    }
+  }
+  t.equal(differing, 0, 'no cut changes the events');
+});
+
+t.test('a stream cut into one-byte reads; a last event without its blank line', async (t) => {
+  const text = 'data: {"a":1}\n\ndata: {"b":"ü"}\r\rdata: {"c":3}';
+  const bytes = Buffer.from(text);
+  const pieces = [...bytes].map((b) => Buffer.from([b]));
+  t.same(
+    parse(pieces).map((e) => e.data),
+    ['{"a":1}', '{"b":"ü"}', '{"c":3}'],
+  );
+});
