@@ -81,3 +81,15 @@ t.test('the recorded llama.cpp stream: every content chunk recognised, each as p
   }
   t.ok(recognised >= 10, `${recognised} of ${events.length} events`);
 });
+
+t.test('text JSON does not allow is not recognised (and does not throw): parsing the event decides', async (t) => {
+  // A raw tab inside a string is not JSON; the full path passes such an event on as it came.
+  const rawTab = '{"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a\tb"},"finish_reason":null}]}';
+  t.equal(contentChunk(rawTab), null);
+  t.equal(contentChunk('{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a\u0001"}}],"id":"x"}'), null);
+  // A string that never closes, and a bad escape.
+  t.equal(contentChunk('{"id":"x","choices":[{"index":0,"delta":{"content":"abc'), null);
+  t.equal(contentChunk('{"id":"x","choices":[{"index":0,"delta":{"content":"a\\qb"},"finish_reason":null}]}'), null);
+  // An object among the members before the choices (figures of some kind): the full way.
+  t.equal(contentChunk('{"id":"x","meta":{"k":1},"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'), null);
+});
