@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createHash, randomUUID } from 'node:crypto';
 import { SqliteLedger } from '../metering/stores/sqlite-store.js';
+import { acquireOwnerLock } from '../metering/stores/sqlite-owner-lock.js';
 import type { Reservation, Settlement } from '../metering/ledger.js';
 import { uuidV7 } from '../metering/ids.js';
 
@@ -85,7 +86,10 @@ function settlement(r: Reservation): Settlement {
 
 async function oneVariant(ids: Ids, slices: number, slice: number): Promise<number[]> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-store-bench-'));
-  const ledger = new SqliteLedger({ path: join(dir, 'ledger.db'), synchronous: 'NORMAL' });
+  const path = join(dir, 'ledger.db');
+  // Opened as the gateway opens it: the owner of its file (ADR 0016), which lets the ledger skip
+  // the look-up of a chain that ends no head (ADR 0017).
+  const ledger = new SqliteLedger({ path, synchronous: 'NORMAL', owner: await acquireOwnerLock(path) });
   // The first three messages are every conversation's (a shared system prompt and opening turn).
   const opening = ['system', 'user-1', 'assistant-1'].map(hash22);
   const out: number[] = [];

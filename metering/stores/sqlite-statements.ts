@@ -72,6 +72,7 @@ export function prepareSqlite(db: Database.Database) {
       AND (time, id) > (@t, @id) ORDER BY time, id LIMIT @n`),
 
     getHead: s('SELECT * FROM heads WHERE conversation = ?'),
+    getLastHash: s('SELECT last_hash FROM heads WHERE conversation = ?').pluck(),
     // Everything but the two long columns, for a head whose chain and prefix this process has.
     getHeadScalars: s(`SELECT conversation, key_id, tenant, model, tool_hash, last_hash, last_cost_usd,
       last_prompt_tokens, last_output_tokens, time FROM heads WHERE conversation = ?`),

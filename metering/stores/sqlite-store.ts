@@ -32,6 +32,7 @@ import { migrateSqlite } from './migrations-sqlite.js';
 import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
 import { WalCheckpointer, type CheckpointerStats } from './sqlite-checkpointer.js';
 import type { OwnerLock } from './sqlite-owner-lock.js';
+import { FingerprintSet } from './fingerprint-set.js';
 
 export interface SqliteLedgerOptions {
   path: string;
@@ -129,6 +130,14 @@ export class SqliteLedger implements Ledger {
   private readonly owner: OwnerLock | null;
   /** Chain and prefix of recently written or read heads (least recently used first). */
   private readonly headArrays = new Map<string, { chain: string[]; prefix: number[]; time: number; lastHash: string }>();
+  /**
+   * Every head's last chain hash, when this connection is the file's only writer (ADR 0017): a
+   * chain none of whose hashes is here ends no head, and its look-up query is skipped. Null when
+   * another connection may write heads this one would not see.
+   */
+  private readonly lastHashes: FingerprintSet | null;
+  /** Head moves made inside the open transaction: applied to `lastHashes` once it commits. */
+  private headMoves: Array<{ from: string | undefined; to: string }> = [];
 
   constructor(opts: SqliteLedgerOptions) {
     this.owner = opts.owner ?? null;
@@ -140,15 +149,54 @@ export class SqliteLedger implements Ledger {
     migrateSqlite(this.db);
     this.q = prepareSqlite(this.db);
     const admit = this.db.transaction((r: Reservation) => this.admitLocked(r));
-    this.admitTx = (r) => admit.immediate(r);
+    this.admitTx = (r) => this.inTx(() => admit.immediate(r));
     const settle = this.db.transaction((id: string, build: (row: OpenRow) => SettleValues, head?: ConversationHead) =>
       this.settleAndHead(id, build, head),
     );
-    this.settleTx = (id, build, head) => settle.immediate(id, build, head);
+    this.settleTx = (id, build, head) => this.inTx(() => settle.immediate(id, build, head));
     const batch = this.db.transaction((ops: Array<() => unknown>) => ops.map((op) => op()));
-    this.batchTx = (ops) => batch.immediate(ops);
+    this.batchTx = (ops) => this.inTx(() => batch.immediate(ops));
+    const memory = opts.path === ':memory:' || opts.path === '';
+    this.lastHashes = this.owner !== null || memory ? this.loadLastHashes() : null;
     const synchronous = opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL';
-    this.checkpointer = opts.path === ':memory:' || opts.path === '' ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`));
+    this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`));
+  }
+
+  private loadLastHashes(): FingerprintSet {
+    const { n } = this.db.prepare('SELECT count(*) AS n FROM heads').get() as { n: number };
+    const set = new FingerprintSet(n);
+    for (const hash of this.db.prepare('SELECT last_hash FROM heads').pluck().iterate()) set.add(hash as string);
+    return set;
+  }
+
+  /** The open transaction committed: its head moves reach the fingerprints. */
+  private committed(): void {
+    const set = this.lastHashes;
+    if (set !== null) {
+      for (const m of this.headMoves) {
+        if (m.from !== undefined) set.remove(m.from);
+        set.add(m.to);
+      }
+    }
+    this.headMoves = [];
+  }
+
+  /** The open transaction rolled back: nothing it did happened. */
+  private rolledBack(): void {
+    this.headMoves = [];
+  }
+
+  /** Runs `tx` (a transaction), keeping the fingerprints in step with what it commits. */
+  private inTx<T>(tx: () => T): T {
+    let value: T;
+    try {
+      value = tx();
+    } catch (error) {
+      this.rolledBack();
+      throw error;
+    }
+    this.committed();
+    return value;
   }
 
   /** The WAL checkpointer's figures (null for an in-memory ledger). */
@@ -339,11 +387,16 @@ export class SqliteLedger implements Ledger {
   }
 
   async putHead(h: ConversationHead): Promise<void> {
-    this.writeHead(h);
+    this.inTx(() => this.writeHead(h));
   }
 
   private writeHead(h: ConversationHead): void {
     this.rememberHead(h.conversation, h.chain, h.prefix, h.time);
+    const lastHash = h.chain.length > 0 ? h.chain[h.chain.length - 1]! : '';
+    if (this.lastHashes !== null) {
+      const from = this.q.getLastHash.get(h.conversation) as string | undefined;
+      this.headMoves.push({ from, to: lastHash });
+    }
     this.q.putHead.run({
       conversation: h.conversation,
       key_id: h.keyId,
@@ -352,7 +405,7 @@ export class SqliteLedger implements Ledger {
       tool_hash: h.toolHash,
       chain: encodeChain(h.chain),
       prefix: JSON.stringify(h.prefix),
-      last_hash: h.chain.length > 0 ? h.chain[h.chain.length - 1] : '',
+      last_hash: lastHash,
       last_cost_usd: h.lastCostUsd,
       last_prompt_tokens: h.lastPromptTokens,
       last_output_tokens: h.lastOutputTokens,
@@ -365,6 +418,9 @@ export class SqliteLedger implements Ledger {
     // message, and the preferred head is what a continuing conversation finds.
     for (const hashes of preferred.length > 0 ? [preferred, chain] : [chain]) {
       if (hashes.length === 0) continue;
+      // No head ends on any of these hashes: nothing to ask (a new conversation's usual case).
+      const set = this.lastHashes;
+      if (set !== null && !hashes.some((hash) => set.has(hash))) continue;
       const args = { tenant, hashes: JSON.stringify(hashes) };
       const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
         | { conversation: string }

@@ -1,0 +1,138 @@
+// The SQLite ledger's fingerprints of every head's last chain hash (ADR 0017): a chain that ends
+// no head is answered without a query, and the fingerprints follow exactly what the file holds —
+// across a restart, a head that moves on, and a group commit that rolls back and is replayed.
+import t from 'tap';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { ConversationHead } from '../../metering/ledger.js';
+import { FingerprintSet } from '../../metering/stores/fingerprint-set.js';
+import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
+import { acquireOwnerLock } from '../../metering/stores/sqlite-owner-lock.js';
+import { reservation, settlement } from '../helpers/stores.js';
+
+function head(over: Partial<ConversationHead>): ConversationHead {
+  return {
+    conversation: 'c',
+    keyId: 'key-1',
+    tenant: 'acme',
+    model: 'gpt-4o',
+    toolHash: '',
+    chain: ['h1'],
+    prefix: [0, 10],
+    lastCostUsd: null,
+    lastPromptTokens: 10,
+    lastOutputTokens: 5,
+    time: 1000,
+    ...over,
+  };
+}
+
+function tempPath(t: { teardown(fn: () => unknown): void }): string {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-fp-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  return join(dir, 'ledger.db');
+}
+
+/** Counts the look-up queries a ledger runs. */
+function queries(ledger: SqliteLedger): { count: number } {
+  const seen = { count: 0 };
+  const q = (ledger as unknown as { q: Record<string, { get: (...a: unknown[]) => unknown }> }).q;
+  for (const name of ['findByKeyChain', 'findByTenantChain']) {
+    const stmt = q[name]!;
+    const get = stmt.get.bind(stmt);
+    stmt.get = (...a: unknown[]) => {
+      seen.count++;
+      return get(...a);
+    };
+  }
+  return seen;
+}
+
+t.test('the fingerprint set against a plain count of each string', async (t) => {
+  const set = new FingerprintSet();
+  const model = new Map<string, number>();
+  let seed = 7;
+  const rand = (n: number) => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) % n);
+  const strings = Array.from({ length: 3000 }, (_, i) => `hash-${i}-${i * 7919}`);
+  for (let step = 0; step < 40_000; step++) {
+    const s = strings[rand(strings.length)]!;
+    if (rand(3) === 0) {
+      set.remove(s);
+      const n = (model.get(s) ?? 0) - 1;
+      if (n > 0) model.set(s, n);
+      else model.delete(s);
+    } else {
+      set.add(s);
+      model.set(s, (model.get(s) ?? 0) + 1);
+    }
+  }
+  t.equal(set.size, model.size, 'one slot per distinct string held');
+  const wrong = strings.filter((s) => set.has(s) !== model.has(s));
+  t.same(wrong, [], 'held exactly while added more often than removed (grown and shifted many times)');
+});
+
+t.test('a chain that ends no head asks SQLite nothing; one that does is looked up', async (t) => {
+  const ledger = new SqliteLedger({ path: ':memory:' });
+  t.teardown(() => ledger.close());
+  const asked = queries(ledger);
+  await ledger.putHead(head({ conversation: 'c-a', chain: ['a1', 'a2'] }));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['n1', 'n2', 'n3']), null);
+  t.equal(asked.count, 0, 'a new conversation: no query');
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-a');
+  t.equal(asked.count, 1);
+  // A preferred hash that ends no head is not asked about either; the chain then is.
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3'], ['zz']), 'c-a');
+  t.equal(asked.count, 2);
+  // The head moves on: its old last hash no longer ends it, the new one does.
+  await ledger.putHead(head({ conversation: 'c-a', chain: ['a1', 'a2', 'a3'], time: 2000 }));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2']), null);
+  t.equal(asked.count, 2, 'the old last hash is forgotten with its head');
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3', 'a4']), 'c-a');
+});
+
+t.test('the owner of a file reads every head back at start', async (t) => {
+  const path = tempPath(t);
+  const first = new SqliteLedger({ path, owner: await acquireOwnerLock(path) });
+  await first.putHead(head({ conversation: 'c-kept', chain: ['k1', 'k2'] }));
+  await first.close();
+  const again = new SqliteLedger({ path, owner: await acquireOwnerLock(path) });
+  t.teardown(() => again.close());
+  const asked = queries(again);
+  t.equal(await again.findConversationByChain('key-1', 'acme', ['k1', 'k2', 'k3']), 'c-kept', 'found after the restart');
+  t.equal(await again.findConversationByChain('key-1', 'acme', ['k9']), null);
+  t.equal(asked.count, 1, 'only the chain that ends a head was asked about');
+});
+
+t.test('a group commit that rolls back changes no fingerprint; its replay counts once', async (t) => {
+  const ledger = new SqliteLedger({ path: ':memory:' });
+  t.teardown(() => ledger.close());
+  // Two conversations end on the same hash (another key sent the same messages).
+  await ledger.putHead(head({ conversation: 'c-mine', keyId: 'key-1', chain: ['s1', 'same'] }));
+  await ledger.putHead(head({ conversation: 'c-theirs', keyId: 'key-2', chain: ['s1', 'same'] }));
+  const r = reservation({ conversation: 'c-mine', run: 'run-fp' });
+  t.same(await ledger.admit(r), { ok: true });
+  // One batch: c-mine moves on, and an admission reusing an id throws, so the batch rolls back and
+  // each part is replayed alone. Counted twice, the move would take `same` away from c-theirs too.
+  const dup = { ...reservation({ run: 'run-fp' }), id: r.id };
+  const [settled, refused] = await Promise.allSettled([
+    ledger.settle(r.id, settlement(r, 5), head({ conversation: 'c-mine', keyId: 'key-1', chain: ['s1', 'same', 'next'], time: 3000 })),
+    ledger.admit(dup),
+  ]);
+  t.equal(settled.status, 'fulfilled');
+  t.equal(refused.status, 'rejected', 'the duplicate failed alone');
+  t.equal(await ledger.findConversationByChain('key-2', 'acme', ['s1', 'same', 'more']), 'c-theirs', "the other conversation's head is still found");
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['s1', 'same', 'next', 'more']), 'c-mine');
+});
+
+t.test('without the owner lock another connection may write heads: every chain is asked about', async (t) => {
+  const path = tempPath(t);
+  const reader = new SqliteLedger({ path });
+  const writer = new SqliteLedger({ path });
+  t.teardown(async () => {
+    await reader.close();
+    await writer.close();
+  });
+  await writer.putHead(head({ conversation: 'c-elsewhere', chain: ['w1'] }));
+  t.equal(await reader.findConversationByChain('key-1', 'acme', ['w1', 'w2']), 'c-elsewhere');
+});
