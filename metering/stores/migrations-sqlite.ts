@@ -129,6 +129,14 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // When a process last said an open reservation is still in flight (ms; ADR 0011).
     sql: `ALTER TABLE ledger_rows ADD COLUMN alive_at INTEGER;`,
   },
+  {
+    version: 3,
+    // Both look-ups name the tenant, and SQLite answers both from heads_by_tenant (a key belongs
+    // to one tenant; its filter is checked on the few rows found). heads_by_key was never read,
+    // and every head written changed one of its pages at random: a third of the pages a group
+    // commit wrote (bench/RESULTS.md).
+    sql: `DROP INDEX IF EXISTS heads_by_key;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

@@ -6,6 +6,8 @@ import Database from 'better-sqlite3';
 import pg from 'pg';
 import type { ConversationHead } from '../../metering/ledger.js';
 import { PostgresLedger } from '../../metering/stores/postgres-store.js';
+import { migrateSqlite } from '../../metering/stores/migrations-sqlite.js';
+import { prepareSqlite } from '../../metering/stores/sqlite-statements.js';
 import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
 
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
@@ -111,11 +113,25 @@ for (const factory of storeFactories(t)) {
     if (store.sqlitePath) {
       const db = new Database(store.sqlitePath, { readonly: true });
       t.teardown(() => db.close());
-      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }], 'each migration applied once');
+      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }, { version: 3 }], 'each migration applied once');
       t.equal(db.pragma('journal_mode', { simple: true }), 'wal');
     }
   });
 }
+
+t.test('sqlite: the head look-ups are answered from one index, and heads carry no other', async (t) => {
+  const db = new Database(':memory:');
+  t.teardown(() => db.close());
+  migrateSqlite(db);
+  const q = prepareSqlite(db);
+  const plan = (sql: string, args: Record<string, unknown>) =>
+    (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(args) as { detail: string }[]).map((r) => r.detail).join(' | ');
+  t.match(plan(q.findByKeyChain.source, { key: 'k', tenant: 't', hashes: '["a"]' }), /SEARCH heads USING INDEX heads_by_tenant \(tenant=\? AND last_hash=\?\)/);
+  t.match(plan(q.findByTenantChain.source, { tenant: 't', hashes: '["a"]' }), /SEARCH heads USING INDEX heads_by_tenant \(tenant=\? AND last_hash=\?\)/);
+  // Every index is written on every head written: one the look-ups never read is pure cost.
+  const indexes = db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'heads' AND sql IS NOT NULL ORDER BY name").pluck().all();
+  t.same(indexes, ['heads_by_tenant']);
+});
 
 const pgUrl = process.env.TOLLGATE_TEST_PG_URL;
 if (pgUrl) {
@@ -134,7 +150,7 @@ if (pgUrl) {
     await admin.connect();
     const { rows } = await admin.query(`SELECT version FROM ${schema}.schema_version ORDER BY version`);
     await admin.end();
-    t.same(rows, [{ version: 1 }, { version: 2 }], 'each migration applied once');
+    t.same(rows, [{ version: 1 }, { version: 2 }, { version: 3 }], 'each migration applied once');
     t.same(await replicas[3].admit(reservation({ run: 'after-migrate' })), { ok: true });
   });
   t.test('postgres: a schema name that is not a plain SQL name is refused', async (t) => {
