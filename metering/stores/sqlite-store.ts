@@ -42,7 +42,12 @@ export interface SqliteLedgerOptions {
   busyTimeoutMs?: number;
   /** The file's owner lock, held by the gateway serving it; released when the store closes. */
   owner?: OwnerLock | null;
+  /** Conversations past which the store stops keeping head fingerprints (ADR 0017). */
+  fingerprintLimit?: number;
 }
+
+/** ~34 MB of fingerprints at most (two 4-byte arrays of 2^22 slots). */
+export const HEAD_FINGERPRINT_LIMIT = 2_000_000;
 
 interface ConversationRecord extends MoneyScopeState {
   id: string;
@@ -135,7 +140,8 @@ export class SqliteLedger implements Ledger {
    * chain none of whose hashes is here ends no head, and its look-up query is skipped. Null when
    * another connection may write heads this one would not see.
    */
-  private readonly lastHashes: FingerprintSet | null;
+  private lastHashes: FingerprintSet | null;
+  private readonly fingerprintLimit: number;
   /** Head moves made inside the open transaction: applied to `lastHashes` once it commits. */
   private headMoves: Array<{ from: string | undefined; to: string }> = [];
 
@@ -157,13 +163,15 @@ export class SqliteLedger implements Ledger {
     const batch = this.db.transaction((ops: Array<() => unknown>) => ops.map((op) => op()));
     this.batchTx = (ops) => this.inTx(() => batch.immediate(ops));
     const memory = opts.path === ':memory:' || opts.path === '';
+    this.fingerprintLimit = opts.fingerprintLimit ?? HEAD_FINGERPRINT_LIMIT;
     this.lastHashes = this.owner !== null || memory ? this.loadLastHashes() : null;
     const synchronous = opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL';
     this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`));
   }
 
-  private loadLastHashes(): FingerprintSet {
+  private loadLastHashes(): FingerprintSet | null {
     const { n } = this.db.prepare('SELECT count(*) AS n FROM heads').get() as { n: number };
+    if (n > this.fingerprintLimit) return null;
     const set = new FingerprintSet(n);
     for (const hash of this.db.prepare('SELECT last_hash FROM heads').pluck().iterate()) set.add(hash as string);
     return set;
@@ -177,6 +185,8 @@ export class SqliteLedger implements Ledger {
         if (m.from !== undefined) set.remove(m.from);
         set.add(m.to);
       }
+      // Past the limit the set is let go, and every look-up queries again: memory stays bounded.
+      if (set.size > this.fingerprintLimit) this.lastHashes = null;
     }
     this.headMoves = [];
   }

@@ -136,3 +136,24 @@ t.test('without the owner lock another connection may write heads: every chain i
   await writer.putHead(head({ conversation: 'c-elsewhere', chain: ['w1'] }));
   t.equal(await reader.findConversationByChain('key-1', 'acme', ['w1', 'w2']), 'c-elsewhere');
 });
+
+t.test('past its limit the store lets the fingerprints go and asks SQLite every time', async (t) => {
+  const path = tempPath(t);
+  const ledger = new SqliteLedger({ path, owner: await acquireOwnerLock(path), fingerprintLimit: 3 });
+  const asked = queries(ledger);
+  for (const c of ['c1', 'c2', 'c3']) await ledger.putHead(head({ conversation: c, chain: [`${c}-h`] }));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['new']), null);
+  t.equal(asked.count, 0, 'within the limit: no query for a new chain');
+  await ledger.putHead(head({ conversation: 'c4', chain: ['c4-h'] }));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['new']), null);
+  t.equal(asked.count, 1, 'past it: the query again');
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['c4-h', 'x']), 'c4');
+  await ledger.close();
+  // A file that already holds more heads than the limit starts without them.
+  const again = new SqliteLedger({ path, owner: await acquireOwnerLock(path), fingerprintLimit: 3 });
+  t.teardown(() => again.close());
+  const askedAgain = queries(again);
+  t.equal(await again.findConversationByChain('key-1', 'acme', ['new']), null);
+  t.equal(askedAgain.count, 1);
+  t.equal(await again.findConversationByChain('key-1', 'acme', ['c1-h', 'x']), 'c1');
+});
