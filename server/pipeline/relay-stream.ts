@@ -284,7 +284,8 @@ const ignore = () => {};
 function drainRest(body: Readable): void {
   if (body.destroyed || body.readableEnded) return;
   body.on('error', ignore);
-  const stop = setTimeout(() => body.destroy(), AFTER_DONE_MS);
+  // Unref'd: it never keeps a process alive on its own (while the upstream's socket is open, it fires).
+  const stop = setTimeout(() => body.destroy(), AFTER_DONE_MS).unref();
   body.once('close', () => clearTimeout(stop));
   body.resume();
 }
