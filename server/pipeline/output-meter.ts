@@ -120,8 +120,10 @@ export function deltaText(choice: Record<string, unknown>): string {
     if (typeof d.content === 'string') text += d.content;
     if (typeof d.reasoning_content === 'string') text += d.reasoning_content;
     if (Array.isArray(d.tool_calls)) {
-      for (const call of d.tool_calls as Array<Record<string, unknown>>) {
-        const fn = call.function as Record<string, unknown> | undefined;
+      for (const call of d.tool_calls as unknown[]) {
+        // An upstream's malformed entry (null, a string) carries no text to count.
+        if (call === null || typeof call !== 'object') continue;
+        const fn = (call as Record<string, unknown>).function as Record<string, unknown> | null | undefined;
         if (typeof fn?.name === 'string') text += fn.name;
         if (typeof fn?.arguments === 'string') text += fn.arguments;
       }

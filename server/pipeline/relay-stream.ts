@@ -233,7 +233,9 @@ export async function relayStream(
   } catch {
     out.upstreamLost = !out.clientGone;
   }
-  if (out.cut || out.clientGone || out.upstreamError !== null) abortUpstream();
+  // Whatever stopped the relay before the upstream's end — the allowance, the client, an error in
+  // the stream or one while handling it — stops the upstream too: it would generate for no one.
+  if (out.cut || out.clientGone || out.upstreamLost || out.upstreamError !== null) abortUpstream();
   else if (done) drainRest(upstream.body);
   if (filter) {
     // The summary first: text the filter still held makes the turn visible, and `write` must know

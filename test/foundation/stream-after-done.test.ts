@@ -68,3 +68,31 @@ t.test('an upstream that keeps its response open after [DONE] does not hold the 
   t.match(rows[0], { state: 'settled', status: 200, generated_tokens: 1 });
   up.release();
 });
+
+t.test('a malformed tool-call entry in a chunk neither breaks the stream nor leaves the upstream running', async (t) => {
+  let closedAt = 0;
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(chunk({ role: 'assistant', content: '' }) + chunk({ content: 'Hello' }) + chunk({ tool_calls: [null, 'x'] }));
+      res.on('close', () => (closedAt = Date.now()));
+      res.end(chunk({}, 'stop') + 'data: [DONE]\n\n');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(url, { billing: 'local' })] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+  const text = await res.text();
+  t.notMatch(text, /upstream_lost/, 'no error event: the upstream did nothing wrong that the relay cannot pass on');
+  t.ok(text.endsWith('data: [DONE]\n\n'));
+  const rows = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.match(rows[0], { state: 'settled', status: 200 });
+  t.ok(closedAt > 0, 'the upstream response ended');
+});
