@@ -17,43 +17,54 @@ export class SseParser {
   // StringDecoder rather than TextDecoder: the same handling of a character split across reads,
   // at a sixth of the cost per read in Node 20 (TextDecoder's streaming mode is the slow path).
   private readonly decoder = new StringDecoder('utf8');
+  /** No text has arrived yet: a byte order mark may start it. */
+  private first = true;
+  /** The last text ended with a CR: an LF starting the next one is the same line end. */
+  private afterCR = false;
 
   push(chunk: Uint8Array): SseEvent[] {
-    this.buffer += this.decoder.write(chunk as Buffer);
-    return this.drain(false);
+    return this.drain(this.decoder.write(chunk as Buffer), false);
   }
 
   /** Whatever is left when the upstream ends (a last event without its blank line). */
   end(): SseEvent[] {
-    this.buffer += this.decoder.end();
-    return this.drain(true);
+    return this.drain(this.decoder.end(), true);
   }
 
-  private drain(final: boolean): SseEvent[] {
-    const events: SseEvent[] = [];
-    let text = this.buffer;
-    // A CR that ends a read may be half of a CRLF whose LF comes in the next one: it waits for it
-    // (read alone as a line end, it and that LF would make a blank line inside the event).
-    let held = '';
-    if (text.includes('\r')) {
-      if (!final && text.endsWith('\r')) {
-        held = '\r';
-        text = text.slice(0, -1);
+  private drain(incoming: string, final: boolean): SseEvent[] {
+    let text = incoming;
+    if (text.length > 0) {
+      // A stream may start with a byte order mark, which is not part of its first line (the
+      // TextDecoder this replaced dropped it too).
+      if (this.first) {
+        this.first = false;
+        if (text.charCodeAt(0) === 0xfeff) text = text.slice(1);
       }
-      text = text.replace(/\r\n?/g, '\n');
+      // CRLF, CR and LF all end a line. A CR that ends one read ends its line at once (an event it
+      // completes goes out now); an LF at the start of the next read belongs to it.
+      if (this.afterCR) {
+        this.afterCR = false;
+        if (text.charCodeAt(0) === 0x0a) text = text.slice(1);
+      }
+      if (text.includes('\r')) {
+        this.afterCR = text.charCodeAt(text.length - 1) === 0x0d;
+        text = text.replace(/\r\n?/g, '\n');
+      }
     }
+    const events: SseEvent[] = [];
+    const buf = this.buffer + text;
     let start = 0;
     let at: number;
-    while ((at = text.indexOf('\n\n', start)) !== -1) {
-      if (at > start) events.push(parseEvent(text.slice(start, at)));
+    while ((at = buf.indexOf('\n\n', start)) !== -1) {
+      if (at > start) events.push(parseEvent(buf.slice(start, at)));
       start = at + 2;
     }
-    const rest = text.slice(start);
+    const rest = buf.slice(start);
     if (final && rest.trim().length > 0) {
       events.push(parseEvent(rest.replace(/\n+$/, '')));
       this.buffer = '';
     } else {
-      this.buffer = rest + held;
+      this.buffer = rest;
     }
     return events;
   }

@@ -46,3 +46,21 @@ t.test('a stream cut into one-byte reads; a last event without its blank line', 
     ['{"a":1}', '{"b":"ü"}', '{"c":3}'],
   );
 });
+
+t.test('a byte order mark before the first event is not part of it', async (t) => {
+  const bom = Buffer.from([0xef, 0xbb, 0xbf]);
+  const body = Buffer.from('data: {"a":1}\n\ndata: {"b":2}\n\n');
+  t.same(parse([Buffer.concat([bom, body])]).map((e) => e.data), ['{"a":1}', '{"b":2}']);
+  // Split inside the mark itself, too.
+  t.same(parse([bom.subarray(0, 2), Buffer.concat([bom.subarray(2), body])]).map((e) => e.data), ['{"a":1}', '{"b":2}']);
+});
+
+t.test('CR-only line ends: an event is given out by the read that completes it', async (t) => {
+  const p = new SseParser();
+  t.same(p.push(Buffer.from('data: {"a":1}\r\r')).map((e) => e.data), ['{"a":1}'], 'not held until the next read');
+  t.same(p.push(Buffer.from('data: [DONE]\r\r')).map((e) => e.data), ['[DONE]']);
+  // A CRLF split after its CR: the LF that follows is the same line end, not a blank line.
+  const q = new SseParser();
+  t.same(q.push(Buffer.from('event: error\r')), []);
+  t.same(q.push(Buffer.from('\ndata: {"error":{"message":"x"}}\r\n\r\n')), [{ data: '{"error":{"message":"x"}}', raw: 'event: error\ndata: {"error":{"message":"x"}}', event: 'error' }]);
+});
