@@ -57,10 +57,14 @@ function stringAt(data: string, from: number): { text: string; close: number } |
 
 function openai(data: string): ContentChunk | null {
   const open = data.indexOf(OPENAI_OPEN);
-  if (open < 1 || data.charCodeAt(open - 1) !== 0x22) return null;
-  // Members before `choices` are scalars (id, object, created, model…): an object among them, such
-  // as usage or timings figures, goes the full way. (The first `:{` is otherwise the delta's.)
-  if (data.indexOf(':{') < open) return null;
+  // `choices` is a key of the event itself: its quote opens it, and `{` or `,` comes before.
+  if (open < 2 || data.charCodeAt(0) !== 0x7b || data.charCodeAt(open - 1) !== 0x22) return null;
+  const before = data.charCodeAt(open - 2);
+  if (before !== 0x7b && before !== 0x2c) return null;
+  // Members before `choices` are scalars (id, object, created, model…): the first `[` and the
+  // first `{` after the event's own are the choices' — an object or array among those members,
+  // such as usage or timings figures, goes the full way.
+  if (data.indexOf('[') !== open + 9 || data.indexOf('{', 1) !== open + 10) return null;
   const s = stringAt(data, open + OPENAI_OPEN.length);
   if (s === null) return null;
   let at = s.close + 1;
@@ -77,9 +81,11 @@ function openai(data: string): ContentChunk | null {
 function llamacpp(data: string): ContentChunk | null {
   const s = stringAt(data, LLAMACPP_OPEN.length);
   if (s === null || !data.startsWith(LLAMACPP_CLOSE, s.close + 1)) return null;
-  // Members after `choices` are scalars (created, id, model…): an object among them, such as the
-  // usage or timings figures, goes the full way.
-  if (data.indexOf(':{', s.close + 1 + LLAMACPP_CLOSE.length) !== -1) return null;
+  // Members after `choices` are scalars (created, id, model…): an object or array among them, such
+  // as the usage or timings figures or a second `choices`, goes the full way; so does an event
+  // that does not end as an object does.
+  const tail = s.close + 1 + LLAMACPP_CLOSE.length;
+  if (data.indexOf('{', tail) !== -1 || data.indexOf('[', tail) !== -1 || data.charCodeAt(data.length - 1) !== 0x7d) return null;
   return { text: s.text, withoutUsage: data };
 }
 

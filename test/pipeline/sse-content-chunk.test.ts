@@ -93,3 +93,18 @@ t.test('text JSON does not allow is not recognised (and does not throw): parsing
   // An object among the members before the choices (figures of some kind): the full way.
   t.equal(contentChunk('{"id":"x","meta":{"k":1},"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'), null);
 });
+
+t.test('events that only look like the common chunk go the full way', async (t) => {
+  const cases = [
+    // A key that ends in an escaped quote: the event has no `choices`.
+    '{"\\"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}',
+    // Figures written with a space, or as an array, before the choices.
+    '{"id":"x","usage": {"prompt_tokens":1},"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+    '{"id":"x","usage":[1],"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+    // llama.cpp layout: timings with a space, a second `choices`, and an event cut short.
+    '{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],"id":"x","timings": {"prompt_n":1}}',
+    '{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],"choices":[]}',
+    '{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a"}}],',
+  ];
+  for (const data of cases) t.equal(contentChunk(data), null, data);
+});
