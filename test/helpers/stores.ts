@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import type { Ledger, Reservation, Settlement } from '../../metering/ledger.js';
+import type { ConversationHead, Ledger, Reservation, Settlement } from '../../metering/ledger.js';
 import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
 import { PostgresLedger } from '../../metering/stores/postgres-store.js';
 import { openStore } from '../../metering/stores/open-store.js';
@@ -132,6 +132,24 @@ export function settlement(r: Reservation, generated: number, over: Partial<Sett
     upstreamFigures: { promptTokens: r.promptTokens, completionTokens: generated, cachedTokens: null, promptN: null, cacheN: null },
     fallback: false,
     finishedAt: r.time + 1000,
+    ...over,
+  };
+}
+
+/** A conversation head with small defaults; tests override what they check. */
+export function conversationHead(over: Partial<ConversationHead>): ConversationHead {
+  return {
+    conversation: 'c',
+    keyId: 'key-1',
+    tenant: 'acme',
+    model: 'gpt-4o',
+    toolHash: '',
+    chain: ['h1'],
+    prefix: [0, 10],
+    lastCostUsd: null,
+    lastPromptTokens: 10,
+    lastOutputTokens: 5,
+    time: 1000,
     ...over,
   };
 }

@@ -5,28 +5,10 @@ import t from 'tap';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { ConversationHead } from '../../metering/ledger.js';
 import { FingerprintSet } from '../../metering/stores/fingerprint-set.js';
 import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
 import { acquireOwnerLock } from '../../metering/stores/sqlite-owner-lock.js';
-import { reservation, settlement } from '../helpers/stores.js';
-
-function head(over: Partial<ConversationHead>): ConversationHead {
-  return {
-    conversation: 'c',
-    keyId: 'key-1',
-    tenant: 'acme',
-    model: 'gpt-4o',
-    toolHash: '',
-    chain: ['h1'],
-    prefix: [0, 10],
-    lastCostUsd: null,
-    lastPromptTokens: 10,
-    lastOutputTokens: 5,
-    time: 1000,
-    ...over,
-  };
-}
+import { conversationHead as head, reservation, settlement } from '../helpers/stores.js';
 
 function tempPath(t: { teardown(fn: () => unknown): void }): string {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-fp-'));

@@ -4,30 +4,12 @@ import t from 'tap';
 import { createHash, randomUUID } from 'node:crypto';
 import Database from 'better-sqlite3';
 import pg from 'pg';
-import type { ConversationHead } from '../../metering/ledger.js';
 import { PostgresLedger } from '../../metering/stores/postgres-store.js';
 import { migrateSqlite } from '../../metering/stores/migrations-sqlite.js';
 import { prepareSqlite } from '../../metering/stores/sqlite-statements.js';
-import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
+import { collect, conversationHead as head, reservation, settlement, storeFactories } from '../helpers/stores.js';
 
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
-
-function head(over: Partial<ConversationHead>): ConversationHead {
-  return {
-    conversation: 'c',
-    keyId: 'key-1',
-    tenant: 'acme',
-    model: 'gpt-4o',
-    toolHash: '',
-    chain: ['h1'],
-    prefix: [0, 10],
-    lastCostUsd: null,
-    lastPromptTokens: 10,
-    lastOutputTokens: 5,
-    time: 1000,
-    ...over,
-  };
-}
 
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: tenants and keys (stored as hashes only)`, async (t) => {
