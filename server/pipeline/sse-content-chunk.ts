@@ -11,7 +11,11 @@
 // Plain string searches, and none for a pattern that starts with `"`: V8 searches those slowly,
 // and `includes('"usage":{')` alone cost more than the rest of the recognition (~0.17 µs an event).
 
-/** OpenAI: `…,"choices":[{"index":0,"delta":{"content":"…"},"logprobs":null,"finish_reason":null}]}`, maybe `,"usage":null` last. */
+/**
+ * OpenAI: `…,"choices":[{"index":0,"delta":{"content":"…"},"logprobs":null,"finish_reason":null}]`,
+ * then maybe `,"usage":null` (the gateway asks for usage) and `,"obfuscation":"…"` (random padding
+ * OpenAI adds by default against side channels), then `}`.
+ */
 const OPENAI_OPEN = 'choices":[{"index":0,"delta":{"content":"';
 const OPENAI_CLOSE = '},"finish_reason":null}]';
 const OPENAI_CLOSE_LOGPROBS = '},"logprobs":null,"finish_reason":null}]';
@@ -20,7 +24,8 @@ const OPENAI_CLOSE_LOGPROBS = '},"logprobs":null,"finish_reason":null}]';
 const LLAMACPP_OPEN = '{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"';
 const LLAMACPP_CLOSE = '}}],';
 
-const USAGE_NULL = ',"usage":null}';
+const USAGE_NULL = ',"usage":null';
+const OBFUSCATION = ',"obfuscation":"';
 
 export interface ContentChunk {
   /** The delta's text. */
@@ -71,11 +76,16 @@ function openai(data: string): ContentChunk | null {
   if (data.startsWith(OPENAI_CLOSE, at)) at += OPENAI_CLOSE.length;
   else if (data.startsWith(OPENAI_CLOSE_LOGPROBS, at)) at += OPENAI_CLOSE_LOGPROBS.length;
   else return null;
-  // The choices array is the event's last member, maybe followed by the usage placeholder.
-  const rest = data.length - at;
-  if (rest === 1 && data.charCodeAt(at) === 0x7d) return { text: s.text, withoutUsage: data };
-  if (rest === USAGE_NULL.length && data.endsWith(USAGE_NULL)) return { text: s.text, withoutUsage: `${data.slice(0, at)}}` };
-  return null;
+  // After the choices only the usage placeholder and the padding may follow, in that order.
+  const usage = data.startsWith(USAGE_NULL, at) ? at : -1;
+  if (usage !== -1) at += USAGE_NULL.length;
+  if (data.startsWith(OBFUSCATION, at)) {
+    const pad = stringAt(data, at + OBFUSCATION.length);
+    if (pad === null) return null;
+    at = pad.close + 1;
+  }
+  if (at !== data.length - 1 || data.charCodeAt(at) !== 0x7d) return null;
+  return { text: s.text, withoutUsage: usage === -1 ? data : data.slice(0, usage) + data.slice(usage + USAGE_NULL.length) };
 }
 
 function llamacpp(data: string): ContentChunk | null {

@@ -139,7 +139,19 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
     // choices), and the figures in a last chunk of its own with no choices.
     const so = body.stream_options as Json | undefined;
     const withUsage = so?.include_usage === true;
-    const chunk = (choices: Json[]) => ({ id, object: isChat ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...(withUsage ? { usage: null } : {}) });
+    // And, unless told not to, random padding in an `obfuscation` member last on each chat chunk
+    // with choices (the API's stream obfuscation, on by default since 2025).
+    const padded = isChat && so?.include_obfuscation !== false;
+    let pads = 0;
+    const chunk = (choices: Json[]) => ({
+      id,
+      object: isChat ? 'chat.completion.chunk' : 'text_completion',
+      created,
+      model,
+      choices,
+      ...(withUsage ? { usage: null } : {}),
+      ...(padded && choices.length > 0 ? { obfuscation: 'pAd0'.slice(0, 1 + (pads++ % 4)) } : {}),
+    });
     if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
     let sent = 0;
     if (toolCalls) {

@@ -117,10 +117,13 @@ t.test('streamed chunks: "usage": null (there because the gateway asks for usage
   t.equal(quiet.content.length, 6);
   t.equal(quiet.content.map((c) => (c.choices as Array<{ delta: { content: string } }>)[0]!.delta.content).join(''), ' hi'.repeat(6));
   t.ok(quiet.chunks.every((c) => !('usage' in c)), 'no chunk carries usage for a client that did not ask');
+  // OpenAI's stream padding is the upstream's own: passed on as it came, with or without usage.
+  t.ok(quiet.content.every((c) => typeof c.obfuscation === 'string' && Object.keys(c).at(-1) === 'obfuscation'), 'the padding stays, last');
   t.equal(quiet.trailer.refund_tokens, 14, '6 of 20 generated, counted from the chunks passed on');
 
   const asked = await stream(true);
   t.ok(asked.content.every((c) => 'usage' in c && c.usage === null), 'every content chunk as OpenAI sends it: "usage": null');
+  t.ok(asked.content.every((c) => typeof c.obfuscation === 'string'), 'and its padding');
   t.match(asked.chunks.at(-1), { choices: [], usage: { completion_tokens: 6 } }, 'the figures last');
   t.same(asked.trailer, quiet.trailer);
 });

@@ -108,3 +108,36 @@ t.test('events that only look like the common chunk go the full way', async (t) 
   ];
   for (const data of cases) t.equal(contentChunk(data), null, data);
 });
+
+t.test("OpenAI's chunks as it sends them today: service tier, padding after the usage placeholder", async (t) => {
+  // The shape of a content chunk from the API with `include_usage` (the gateway asks for it) and
+  // the default stream obfuscation: random padding in an `obfuscation` member, last.
+  const real = (content: string, obfuscation: string, usage = true) =>
+    JSON.stringify({
+      id: 'chatcmpl-Cx1',
+      object: 'chat.completion.chunk',
+      created: 1764353027,
+      model: 'gpt-4o-2024-08-06',
+      service_tier: 'default',
+      system_fingerprint: 'fp_7ee0a3b6b1',
+      choices: [{ index: 0, delta: { content }, logprobs: null, finish_reason: null }],
+      ...(usage ? { usage: null } : {}),
+      obfuscation,
+    });
+  for (const text of [' Hello', 'say "hi"', 'café 🎉', '']) {
+    for (const pad of ['RmYFV8ad65HP9F', '', 'a"b\\c']) {
+      const data = real(text, pad);
+      const c = contentChunk(data);
+      t.equal(c?.text, text, `${JSON.stringify(text)} padded ${JSON.stringify(pad)}`);
+      t.equal(parsedContent(data), text);
+      // Without the usage placeholder, as a client that did not ask for usage gets it: the padding stays.
+      t.equal(c?.withoutUsage, real(text, pad, false));
+    }
+  }
+  t.equal(contentChunk(real('a', 'x', false))?.text, 'a', 'padding without the usage placeholder');
+  // Anything else after the choices still goes the full way.
+  const tail = (rest: string) => `{"id":"x","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]${rest}}`;
+  for (const rest of [',"obfuscation":"x","usage":null', ',"obfuscation":"x","extra":1', ',"obfuscation":"x', ',"obfuscation":1', ',"usage":null,"usage":null']) {
+    t.equal(contentChunk(tail(rest)), null, rest);
+  }
+});
