@@ -84,6 +84,8 @@ export async function relayStream(
   const holdFinish = filter !== null || timingsOnFinish;
   const heldFinish: Json[] = [];
   let started = false;
+  /** The upstream said `[DONE]`: its response is over but for its last bytes. */
+  let done = false;
   // While one upstream read is handled, what it produces is gathered into one string and written
   // once: every `res.write` is a chunk of its own (size line, data, CRLF) and a part of the socket
   // write, and per-event writes were the largest cost of relaying a stream (bench/RESULTS.md).
@@ -164,7 +166,9 @@ export async function relayStream(
     if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
 
     const kept: Json[] = [];
-    let untouched = !filter && usage === undefined && timings === undefined;
+    // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
+    // as it came only to a client that asked too.
+    let untouched = !filter && (usage === undefined || (usage === null && plan.valid.includeUsage)) && timings === undefined;
     let visible = false;
     for (const raw of choices) {
       if (!isObject(raw)) {
@@ -213,7 +217,6 @@ export async function relayStream(
   };
 
   const parser = new SseParser();
-  let done = false;
   try {
     // Leaving the loop does not destroy the body: after `[DONE]` the rest is read (drainRest).
     reading: for await (const piece of upstream.body.iterator({ destroyOnReturn: false })) {

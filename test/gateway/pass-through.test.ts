@@ -128,6 +128,30 @@ t.test('streamed chunks: "usage": null (there because the gateway asks for usage
   t.same(asked.trailer, quiet.trailer);
 });
 
+t.test('a streamed tool call reaches a client that asked for usage as OpenAI wrote it, not re-serialised', async (t) => {
+  const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'get_weather', arguments: '{"city":"Oslo"}' }] });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const stream = async (includeUsage: boolean) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, max_tokens: 20, tools, messages: [{ role: 'user', content: 'Weather in Oslo?' }], ...(includeUsage ? { stream_options: { include_usage: true } } : {}) }),
+    });
+    const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {') && e.includes('"tool_calls":['));
+    t.equal(events.length, 1);
+    return JSON.parse(events[0]!.slice(6)) as Record<string, unknown>;
+  };
+  const asked = await stream(true);
+  // The member order is the upstream's (a re-serialised chunk had its metadata first, choices last).
+  t.same(Object.keys(asked).slice(-3), ['choices', 'usage', 'obfuscation'], 'as written: "usage": null and the padding after the choices');
+  t.equal(asked.usage, null);
+  const quiet = await stream(false);
+  t.notOk('usage' in quiet, 'a client that did not ask gets no usage member');
+  t.match(quiet.choices, [{ delta: { tool_calls: [{ function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] } }]);
+});
+
 t.test('a custom tool (not a function) is passed on as written and counted', async (t) => {
   const upstream = await startOpenAiDouble();
   t.teardown(upstream.close);
