@@ -16,7 +16,8 @@
  * then maybe `,"usage":null` (the gateway asks for usage) and `,"obfuscation":"…"` (random padding
  * OpenAI adds by default against side channels), then `}`.
  */
-const OPENAI_OPEN = 'choices":[{"index":0,"delta":{"content":"';
+const CHOICES_KEY = 'choices":';
+const OPENAI_OPEN = `${CHOICES_KEY}[{"index":0,"delta":{"content":"`;
 const OPENAI_CLOSE = '},"finish_reason":null}]';
 const OPENAI_CLOSE_LOGPROBS = '},"logprobs":null,"finish_reason":null}]';
 
@@ -69,7 +70,8 @@ function openai(data: string): ContentChunk | null {
   // Members before `choices` are scalars (id, object, created, model…): the first `[` and the
   // first `{` after the event's own are the choices' — an object or array among those members,
   // such as usage or timings figures, goes the full way.
-  if (data.indexOf('[') !== open + 9 || data.indexOf('{', 1) !== open + 10) return null;
+  const bracket = open + CHOICES_KEY.length;
+  if (data.indexOf('[') !== bracket || data.indexOf('{', 1) !== bracket + 1) return null;
   const s = stringAt(data, open + OPENAI_OPEN.length);
   if (s === null) return null;
   let at = s.close + 1;
