@@ -1,6 +1,7 @@
 // Counts generated output per choice as it streams, against the allowance reserved for it. The
 // upstream is not trusted to honour `max_tokens` (SPEC §2.6): text that would pass the allowance is
-// not forwarded, and the choice is ended by the gateway.
+// not forwarded, and the choice is ended by the gateway. Such a choice counts its whole allowance:
+// the upstream did write the piece that crossed it (and settlement never charges past the reservation).
 //
 // With a tokenizer, a chunk's UTF-8 bytes are an upper bound on its tokens (a byte-level BPE token
 // is at least one byte), so while a choice's bytes stay within its allowance nothing needs counting
@@ -20,6 +21,12 @@ interface ChoiceMeter {
   /** Tokens by the chunk or byte-estimate rules. */
   estimated: number;
   closed: boolean;
+  /**
+   * The upstream wrote past the allowance: the piece that crossed it was not forwarded, but it was
+   * generated, so the choice counts its whole allowance (and never more: settlement never charges
+   * more than was reserved).
+   */
+  cut: boolean;
 }
 
 export class OutputMeter {
@@ -38,11 +45,14 @@ export class OutputMeter {
 
   private choice(index: number): ChoiceMeter {
     let c = this.choices.get(index);
-    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false }));
+    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false }));
     return c;
   }
 
-  /** Adds a piece of a choice's output. False when it would pass the allowance (then not counted). */
+  /**
+   * Adds a piece of a choice's output. False when it would pass the allowance: the piece is not to
+   * be forwarded, and the choice has then generated its whole allowance.
+   */
   add(index: number, text: string): boolean {
     if (text.length === 0) return true;
     const c = this.choice(index);
@@ -82,6 +92,7 @@ export class OutputMeter {
   private admit(c: ChoiceMeter, after: number, commit: () => void): boolean {
     if (after > this.perChoice) {
       c.closed = true;
+      c.cut = true;
       return false;
     }
     commit();
@@ -99,6 +110,10 @@ export class OutputMeter {
   total(): number {
     let sum = 0;
     for (const c of this.choices.values()) {
+      if (c.cut) {
+        sum += this.perChoice;
+        continue;
+      }
       if (this.counting !== 'tokenizer') {
         sum += c.estimated;
         continue;
