@@ -34,7 +34,7 @@ export interface RunBoundsConfig {
   maxToolRounds: number | null;
   timeBudgetSeconds: number | null;
   patience: number | null;
-  /** Null when not configured: 1,024, or a quarter of a smaller token budget (metering/runs/bounds.ts). */
+  /** Null when not configured: 1,024 (metering/runs/bounds.ts). */
   answerReserveTokens: number | null;
 }
 

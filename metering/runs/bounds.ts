@@ -13,10 +13,7 @@ export interface RunBounds {
   timeBudgetSeconds: number | null;
   /** Identical read-only call/result batches in a row that end the research. */
   patience: number | null;
-  /**
-   * Tokens of the budget kept back so the final answer always fits. Null (not configured): 1,024,
-   * or a quarter of a smaller token budget — see `answerReserveFor`.
-   */
+  /** Tokens of the budget kept back so the final answer always fits. Null (not configured): 1,024. */
   answerReserveTokens: number | null;
 }
 
@@ -28,19 +25,16 @@ export const DEFAULT_RUN_BOUNDS: Readonly<RunBounds> = Object.freeze({
   answerReserveTokens: null,
 });
 
-/** The reserve when none is configured, and its share of a smaller budget. */
+/** The reserve when none is configured (SPEC §11). */
 export const DEFAULT_ANSWER_RESERVE_TOKENS = 1024;
-const DEFAULT_RESERVE_SHARE = 4;
 
 /**
- * The answer reserve that applies: the configured one, else 1,024 tokens — or a quarter of the run
- * token budget when that is smaller, so that a small budget (a test, a cheap tenant) still leaves
- * room for tool rounds instead of sending every turn in final-answer mode.
+ * The answer reserve that applies: the configured one, else 1,024 tokens (SPEC §11) — whatever the
+ * budget. A run whose budget is not larger than its reserve has no room for a tool round: every
+ * request offering tools is sent as the final answer (ADR 0007).
  */
-export function answerReserveFor(bounds: Pick<RunBounds, 'answerReserveTokens' | 'tokenBudget'>): number {
-  if (bounds.answerReserveTokens !== null) return bounds.answerReserveTokens;
-  if (bounds.tokenBudget === null) return DEFAULT_ANSWER_RESERVE_TOKENS;
-  return Math.min(DEFAULT_ANSWER_RESERVE_TOKENS, Math.floor(bounds.tokenBudget / DEFAULT_RESERVE_SHARE));
+export function answerReserveFor(bounds: Pick<RunBounds, 'answerReserveTokens'>): number {
+  return bounds.answerReserveTokens ?? DEFAULT_ANSWER_RESERVE_TOKENS;
 }
 
 // Ranges agree with server/config.ts, so an override accepted here is accepted there.

@@ -62,7 +62,7 @@ t.test("the answer's reserve must be smaller than the token budget it is taken f
     configError({ ...base, runs: { answerReserveTokens: 1024 }, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }] }),
     /^tenants\[0\]\.runs\.answerReserveTokens: 1024 must be less than .* \(1000\)/,
   );
-  // No reserve configured: the default follows the budget (a quarter of a small one), so any budget starts.
+  // No reserve configured: any budget starts (one no larger than the default 1,024 leaves no room for tool rounds).
   t.doesNotThrow(() => parseConfig({ ...base, runs: { tokenBudget: 1000 } }, {}));
   t.doesNotThrow(() => parseConfig({ ...base, tenants: [{ id: 't', runs: { tokenBudget: 1000 } }], auth: { keys: [{ key: 'tg-k', tenant: 't', runs: { tokenBudget: 1 } }] } }, {}));
   t.match(

@@ -147,25 +147,35 @@ t.test('a max_tokens larger than the answer reserve still ends in an answer, not
   t.ok(charged <= budget, `charged ${charged} ≤ ${budget}`);
 });
 
-t.test('a small run budget with no reserve configured: a quarter of it is kept for the answer, tool rounds still run', async (t) => {
-  // The default reserve of 1,024 would not fit a 1,000-token budget: every tool turn would be a
-  // final answer, and the config used to refuse to start.
+t.test('a run budget no larger than the default reserve (1,024) sends tools requests as the final answer; a smaller reserve set beside it keeps tool rounds', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: searchWhileOffered });
   t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 1000 } });
   const request = {
     model: 'gpt-4o-mini',
     max_tokens: 50,
     messages: [{ role: 'user', content: 'Which tokenizers?' }],
     tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }],
   };
-  const plan = (await (
-    await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })
-  ).json()) as { mode: string; run: { bounds: { answerReserveTokens: number } } };
-  t.equal(plan.run.bounds.answerReserveTokens, 250, 'admission shows the reserve that applies');
-  t.equal(plan.mode, 'normal');
-  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(request) });
-  t.equal(res.status, 200);
-  t.equal(res.headers.get('x-tollgate-notice'), null, 'a normal tool round, not the final answer');
-  t.ok(Array.isArray(chatRequests(upstream)[0]!.tools), 'tools were offered to the model');
+  const ask = async (runs: Record<string, unknown>) => {
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs });
+    const plan = (await (
+      await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })
+    ).json()) as { mode: string; run: { bounds: { answerReserveTokens: number } } };
+    const before = chatRequests(upstream).length;
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(request) });
+    t.equal(res.status, 200);
+    return { plan, notice: res.headers.get('x-tollgate-notice'), toolsOffered: Array.isArray(chatRequests(upstream)[before]!.tools) };
+  };
+
+  const byDefault = await ask({ tokenBudget: 1000 });
+  t.equal(byDefault.plan.run.bounds.answerReserveTokens, 1024, 'admission shows the reserve that applies: the default');
+  t.equal(byDefault.plan.mode, 'final-answer');
+  t.equal(byDefault.notice, 'finishing-the-answer; reason=tokens');
+  t.notOk(byDefault.toolsOffered, 'no tools offered to the model');
+
+  const smaller = await ask({ tokenBudget: 1000, answerReserveTokens: 250 });
+  t.equal(smaller.plan.run.bounds.answerReserveTokens, 250);
+  t.equal(smaller.plan.mode, 'normal');
+  t.equal(smaller.notice, null, 'a normal tool round, not the final answer');
+  t.ok(smaller.toolsOffered, 'tools were offered to the model');
 });

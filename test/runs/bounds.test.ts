@@ -33,13 +33,15 @@ t.test('defaults', async (t) => {
   t.ok(Object.isFrozen(DEFAULT_RUN_BOUNDS));
 });
 
-t.test('the answer reserve: as configured, else 1,024 or a quarter of a smaller budget', async (t) => {
-  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 65_536 }), 1024);
-  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 4096 }), 1024);
-  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: 1000 }), 250);
-  t.equal(answerReserveFor({ answerReserveTokens: null, tokenBudget: null }), 1024);
-  t.equal(answerReserveFor({ answerReserveTokens: 300, tokenBudget: 1000 }), 300);
-  t.equal(answerReserveFor({ answerReserveTokens: 0, tokenBudget: 1000 }), 0);
+t.test('the answer reserve: as configured, else 1,024 whatever the budget (SPEC §11)', async (t) => {
+  const withBudget = (answerReserveTokens: number | null, tokenBudget: number | null): RunBounds => ({ ...DEFAULT_RUN_BOUNDS, answerReserveTokens, tokenBudget });
+  t.equal(answerReserveFor(withBudget(null, 65_536)), 1024);
+  t.equal(answerReserveFor(withBudget(null, 4096)), 1024);
+  t.equal(answerReserveFor(withBudget(null, 3000)), 1024);
+  t.equal(answerReserveFor(withBudget(null, 1000)), 1024);
+  t.equal(answerReserveFor(withBudget(null, null)), 1024);
+  t.equal(answerReserveFor(withBudget(300, 1000)), 300);
+  t.equal(answerReserveFor(withBudget(0, 1000)), 0);
 });
 
 t.test('validateRunBounds names the bad field', async (t) => {
