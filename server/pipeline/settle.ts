@@ -145,10 +145,9 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   if (succeeded && cost.costUsd && month !== null && budget !== null && month.spentUsd >= budget * BUDGET_NEAR_SHARE) {
     if (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month)) notices.push(BUDGET_NEAR_NOTICE);
   }
-  // What the client is told a turn cost: a plan turn spends no money, but with no list price its
-  // value is unknown, and unknown is said as null (header absent), never as a made-up 0.
-  const shownCost = plan.upstream.billing === 'plan' && cost.planWorkUsd === null && !o.refundAll ? null : cost.costUsd;
-  return { ...tokens, costUsd: shownCost, savedUsd: cost.savedUsd, notices };
+  // A plan turn spends no money, priced or not (ADR 0006): the client is told 0, as the ledger says.
+  // What a missing list price leaves unknown is its "of work" value, not its cost.
+  return { ...tokens, costUsd: cost.costUsd, savedUsd: cost.savedUsd, notices };
 }
 
 /** The "pricier" notice is decided at planning time, from the conversation's last reply. */

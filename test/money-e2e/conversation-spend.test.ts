@@ -33,8 +33,8 @@ t.test('spend adds up across a parent and its child, by model, for its owner onl
   }
   const dear = listUsd('gpt-4o', 1000, 200, 8); // 0.08 + 0.002 + 0.0032
   t.ok(close(dear, 0.0852));
-  // -1: no cost header — a plan turn without a list price has an unknown value, not $0.
-  t.same(costs, [0.0852, 0, 0.0852, -1]);
+  // A plan turn spends no money, even without a list price: its header says 0.
+  t.same(costs, [0.0852, 0, 0.0852, 0]);
 
   // 2. The child: one cheap turn and one dear one, each counted in the child and in the parent.
   const cheap = listUsd('gpt-4o-mini', 1000, 200, 8); // 0.0008 + 0.0001 + 0.000016

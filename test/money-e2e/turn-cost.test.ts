@@ -62,7 +62,7 @@ t.test('local costs 0; a plan spends no money; an unpriced metered turn has no c
   //    turn's cost is 0; its list-price "of work" is what is unknown).
   const plan = await chat(gw, ALICE, ask('plan-model'), { 'x-tollgate-conversation': 'c-plan' });
   t.equal(plan.status, 200);
-  t.equal(plan.headers.get('x-tollgate-cost-usd'), null, 'a plan turn with no known list price: its cost is unknown (null), not a made-up 0');
+  t.equal(plan.headers.get('x-tollgate-cost-usd'), '0', 'a plan turn spends no money, priced or not: the header says 0, as the ledger does');
   const planSpend = await call(gw.url, 'GET', '/v1/conversations/c-plan/spend', { authorization: `Bearer ${ALICE}` });
   t.match(planSpend.body, { spent_usd: 0, plan_turns: 1, turns: 1 });
 
