@@ -39,9 +39,10 @@ function id(b: Body, field: string): string {
   return v;
 }
 
-// An ISO 8601 date, or date and time with an optional fraction and zone: what `Date.parse` reads
-// the same everywhere. Anything else it would guess at ("-5" is May 2001), so it is refused.
-const ISO_TIME = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:\d{2})?)?$/;
+// An ISO 8601 date, or date and time with an optional fraction and zone. Anything else `Date.parse`
+// would guess at ("-5" is May 2001), so it is refused. A time without a zone is UTC, as the
+// ledger's times are (`Date.parse` would read it in the server's own time zone).
+const ISO_TIME = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?)?$/;
 
 function timeParam(v: unknown, name: string): number | null {
   if (v === undefined || v === '') return null;
@@ -49,7 +50,7 @@ function timeParam(v: unknown, name: string): number | null {
   if (typeof v !== 'string') throw bad();
   if (/^\d+$/.test(v)) return Number(v);
   const m = ISO_TIME.exec(v);
-  const ms = Date.parse(v);
+  const ms = Date.parse(m && m[4] !== undefined && m[7] === undefined ? `${v}Z` : v);
   if (!m || !Number.isFinite(ms)) throw bad();
   // A day past its month's end (2026-02-31) parses as another day: refused, not rolled over.
   const [, y, mo, d] = m;
@@ -90,7 +91,10 @@ const route: FastifyPluginAsync = async (app) => {
   app.post('/admin/keys', async (request, reply) => {
     const b = body(request.body);
     const tenant = id(b, 'tenant');
-    const name = b.name === undefined || b.name === null ? null : String(b.name).slice(0, 200);
+    if (b.name !== undefined && b.name !== null && typeof b.name !== 'string') {
+      throw new GatewayError('invalid_request', 'name: must be a string (or null)', {}, 'name');
+    }
+    const name = typeof b.name === 'string' ? b.name.slice(0, 200) : null;
     if (!(await ledger().getTenant(tenant))) await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: null });
     const key = `tg-${randomBytes(24).toString('base64url')}`;
     const keyId = `key-${randomUUID()}`;

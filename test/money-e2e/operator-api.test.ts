@@ -41,6 +41,9 @@ t.test('a key made by the operator works, is stored hashed, and can be revoked',
   const { id, key } = made.body as { id: string; key: string };
   t.match(key, /^tg-.{20,}$/);
   t.ok(id && id !== key);
+  const named = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 5 });
+  t.equal(named.status, 400, 'a name that is not a string is refused, not turned into one');
+  t.match(named.body, { error: { code: 'invalid_request', param: 'name' } });
 
   // 2. It works as a client key, for its own tenant.
   const r = await chat(gw, key, ask, { 'x-tollgate-conversation': 'daves' });
@@ -105,6 +108,17 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
   t.same((await ledger(`?until=${iso(t0 + hour)}`)).map((r) => r.conversation), ['hour-0']);
   t.same((await ledger(`?since=${t0 + hour}&until=${t0 + 2 * hour}`)).map((r) => r.conversation), ['hour-1']);
   t.same(await ledger(`?since=${iso(t0 + 3 * hour)}`), []);
+  // A time written without a zone is UTC, like the ledger's, wherever the gateway runs.
+  const tz = process.env.TZ;
+  process.env.TZ = 'America/New_York';
+  try {
+    const zoneless = iso(t0 + hour).replace(/Z$/, '');
+    t.same((await ledger(`?since=${zoneless}`)).map((r) => r.conversation), ['hour-1', 'hour-2'], 'a zone-less since is read as UTC');
+    t.same((await ledger(`?until=${zoneless.slice(0, 16)}`)).map((r) => r.conversation), ['hour-0'], 'so is one without seconds');
+  } finally {
+    if (tz === undefined) delete process.env.TZ;
+    else process.env.TZ = tz;
+  }
   // 3. A time that is not one is a 400 naming the parameter.
   const bad = await call(gw.url, 'GET', '/admin/ledger?since=yesterday', ADMIN);
   t.equal(bad.status, 400);
