@@ -67,7 +67,8 @@ export function registerErrorHandling(app: FastifyInstance): void {
     if (err instanceof GatewayError) {
       // Refusals of model requests: not an operator call without its token, nor a scrape without its own.
       if (err.status < 500 && proxied(request)) gw.metrics.refusals.inc({ reason: err.code });
-      else request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
+      // (A settled model request has logged the failure on its one line already.)
+      else if (!request.settledLogged) request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
       // Refusals are final; an upstream failure (5xx) is not, so SDKs keep their own retry rules.
       return answer(err.status, err.code, err.toEnvelope(), err.status < 500 ? NO_RETRY_HEADERS : {});
     }

@@ -123,14 +123,16 @@ async function relayAdmitted(
   let upstreamMs = 0;
   let outcome: Outcome;
   let settled: Settled | null = null;
-  const finishLog = (status: number) => {
+  // The request's one log line (SPEC §10); a failure the client is answered with rides on it, at warn.
+  const finishLog = (status: number, failure?: unknown) => {
     request.settledLogged = true;
     const total = performance.now() - t0;
     const overhead = Math.max(0, total - upstreamMs) / 1000;
     m.overhead.observe({ route: kind }, overhead);
     m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
     m.requests.inc({ route: kind, upstream: plan.upstream.name, status: String(status) });
-    request.log.info(
+    const failed = failure === undefined ? null : failure instanceof GatewayError ? { code: failure.code, err: failure.message } : { err: (failure as Error)?.message ?? String(failure) };
+    request.log[failed ? 'warn' : 'info'](
       {
         id: plan.id,
         tenant: plan.principal.tenant,
@@ -147,6 +149,7 @@ async function relayAdmitted(
         upstream_ms: Math.round(upstreamMs * 1e3) / 1e3,
         // Prompt text only when the operator turned it on (`logging.prompts`; SPEC §10).
         ...(gw.config.logging.prompts ? { prompt: plan.valid.messages ?? plan.valid.body.prompt ?? plan.valid.body.input ?? null } : {}),
+        ...failed,
       },
       'request settled',
     );
@@ -164,7 +167,7 @@ async function relayAdmitted(
     // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
     settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone });
     if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
-    finishLog(status);
+    finishLog(status, clientGone ? undefined : err);
     // A 502/504 (or a stopping gateway's 503) carries the settled figures too (whole refund), as an
     // upstream's own error does.
     if (!clientGone) reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });

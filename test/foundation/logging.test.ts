@@ -104,6 +104,21 @@ t.test("exactly one 'request settled' line per request, with the figures", async
   t.match(gw.lines().filter((l) => l.msg === 'request refused').at(-1), { status: 413, code: 'context_window_exceeded', model: 'gpt-4o', upstream: 'openai' });
 });
 
+t.test('an upstream that cannot be reached: still one line for the request, at warn, saying why', async (t) => {
+  const gw = await loggedGateway(t, 'info');
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'down-1', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 10 }),
+  });
+  t.equal(res.status, 502);
+  await res.text();
+  const lines = gw.lines().filter((l) => l.reqId !== undefined && l.msg !== 'incoming request' && l.msg !== 'request completed');
+  t.equal(lines.length, 1, `one line: ${lines.map((l) => l.msg).join(', ')}`);
+  t.match(lines[0], { msg: 'request settled', level: 40, status: 502, code: 'upstream_unreachable', upstream: 'down' });
+  t.type(lines[0]!.err, 'string');
+});
+
 t.test('neither the key nor the prompt text appears anywhere in the log, even at trace level', async (t) => {
   const gw = await loggedGateway(t, 'trace');
   const post = (body: unknown, key = KEY) =>
