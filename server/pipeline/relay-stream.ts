@@ -114,10 +114,11 @@ export async function relayStream(
     }
     send(text);
   };
-  const lengthChunk = (index: number): Json => ({
+  const finishChunk = (index: number, reason: 'length' | 'stop'): Json => ({
     ...out.meta,
-    choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: 'length' } : { index, text: '', finish_reason: 'length' }],
+    choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: reason } : { index, text: '', finish_reason: reason }],
   });
+  const lengthChunk = (index: number): Json => finishChunk(index, 'length');
 
   const handle = (event: SseEvent): boolean => {
     if (event.data === null) return true; // upstream comments are not passed on
@@ -247,10 +248,11 @@ export async function relayStream(
     out.visibleText = summary.visibleText;
     out.toolsProposed = summary.toolsProposed;
     if (summary.chunk) write(sseData(summary.chunk));
-    // Text went out, then the model proposed tools again: the turn is no answer (SPEC §5). The
-    // excerpt follows the text — it cannot be taken back — under its own first line. (With no text
-    // at all, the caller answers with the excerpt alone.)
-    if (out.toolsProposed && out.visibleText && !out.clientGone) {
+    // Text went out, then the model proposed tools again, or the upstream failed part way: the
+    // turn is no answer (SPEC §5). The excerpt follows the text — it cannot be taken back — under
+    // its own first line. (With no text at all, the caller answers with the excerpt alone.)
+    const failed = out.upstreamLost || out.upstreamError !== null;
+    if ((out.toolsProposed || failed) && out.visibleText && !out.clientGone) {
       const content = `\n\n${evidenceExcerpt(plan.valid.messages ?? [])}`;
       for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { content }, finish_reason: null }] }));
       out.excerptAppended = true;
@@ -263,9 +265,10 @@ export async function relayStream(
   }
   if ((out.upstreamLost || out.upstreamError !== null) && !out.clientGone) {
     if (filter) {
-      // A final answer must end as an answer (SPEC §5): what came is closed as cut short. (With no
-      // text at all, the caller answers with the evidence excerpt instead.)
-      for (let i = 0; i < choicesExpected; i++) if (!finished.has(i)) write(sseData(lengthChunk(i)));
+      // A final answer must end as an answer (SPEC §5): what came, then the excerpt (above), ends
+      // each choice the upstream left open. (With no text at all, the caller answers with the
+      // evidence excerpt instead.)
+      for (let i = 0; i < choicesExpected; i++) if (!finished.has(i)) write(sseData(finishChunk(i, 'stop')));
     } else {
       // Otherwise the client is told, as the provider would tell it: an error event, on which the
       // OpenAI SDKs throw an APIError — an agent must not take a broken answer for a whole one.
