@@ -64,12 +64,21 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
   return { state, view };
 }
 
-/** The largest max_tokens (per choice) that the window and every budget would admit now. */
+/**
+ * The largest max_tokens (per choice) that the window and every budget would admit now, for the
+ * request as planned. A tool round (normal mode, tools offered) must leave the run's answer reserve
+ * (SPEC §11): past that, the request would go as the final answer instead, so the reserve is kept
+ * out of its figure. A final answer may use what the run has left.
+ */
 export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | null {
   const per = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const limits: number[] = [];
   if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
-  if (s.budgetTokens !== null) limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge) / per));
+  if (s.budgetTokens !== null) {
+    const toolRound = plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
+    const reserve = toolRound ? (plan.bounds.answerReserveTokens ?? 0) : 0;
+    limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge - reserve) / per));
+  }
   if (plan.price && plan.upstream.billing === 'metered') {
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);

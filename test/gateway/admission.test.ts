@@ -50,6 +50,32 @@ t.test('budgets and max_affordable_allowance, and nothing changes', async (t) =>
   t.same(await realHuge.json(), (huge.verdict as Json).error, 'exactly the envelope of the real request');
 });
 
+t.test('a tool round keeps the answer reserve out of max_affordable_allowance: the figure runs as sent, one more goes as the final answer', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: () => [{ name: 'search', arguments: '{}' }] });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 600, answerReserveTokens: 150 } });
+  const request = { model: 'gpt-4o', max_tokens: 10, messages: [{ role: 'user', content: 'Search for it.' }], tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }] };
+  const planned = (await (
+    await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })
+  ).json()) as Json;
+  t.equal(planned.mode, 'normal');
+  const prompt = (planned.charge as Json).prompt as number;
+  const most = planned.max_affordable_allowance as number;
+  t.equal(most, 600 - 150 - prompt, 'the budget less the answer reserve less the prompt');
+  const send = async (maxTokens: number, conversation: string) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation },
+      body: JSON.stringify({ ...request, max_tokens: maxTokens }),
+    });
+    t.equal(res.status, 200);
+    await res.text();
+    return res.headers.get('x-tollgate-notice');
+  };
+  t.equal(await send(most, 'c-most'), null, 'at the figure: a tool round as sent');
+  t.equal(await send(most + 1, 'c-more'), 'finishing-the-answer; reason=tokens', 'one more: the final answer instead');
+});
+
 t.test('the context window bounds max_affordable_allowance when no budget does', async (t) => {
   const upstream = await startOpenAiDouble();
   t.teardown(upstream.close);
