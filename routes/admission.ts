@@ -52,6 +52,8 @@ const route: FastifyPluginAsync = async (app) => {
       err ? { admit: false, status: err.status, error: err.toEnvelope() } : { admit: true, status: 200, error: null };
 
     let plan;
+    /** A refusal that only the request's own max_tokens caused: the plan is shown without it. */
+    let allowanceRefusal: GatewayError | null = null;
     try {
       // The size limit is the real request's: its body is this request, as JSON.
       const bytes = Buffer.byteLength(JSON.stringify(call.request), 'utf8');
@@ -60,7 +62,22 @@ const route: FastifyPluginAsync = async (app) => {
         throw new GatewayError('body_too_large', `request body has ${bytes} bytes, the limit is ${limit}`, { body_bytes: bytes, limit });
       }
       const valid = validateRequest(kind, call.request);
-      plan = await planRequest(gw, valid, request.principal!, request.headers, { dryRun: true });
+      try {
+        plan = await planRequest(gw, valid, request.principal!, request.headers, { dryRun: true });
+      } catch (err) {
+        // The prompt fits the window but the max_tokens asked for does not: planned again with
+        // max_tokens left out (the allowance the window leaves), the figures and budgets say what
+        // would pass — max_affordable_allowance above all — and the verdict stays this refusal.
+        const asked = call.request as Record<string, unknown>;
+        if (!(err instanceof GatewayError) || err.code !== 'context_window_exceeded' || (asked.max_tokens == null && asked.max_completion_tokens == null)) throw err;
+        const { max_tokens: _m, max_completion_tokens: _c, ...rest } = asked;
+        try {
+          plan = await planRequest(gw, validateRequest(kind, rest), request.principal!, request.headers, { dryRun: true });
+        } catch {
+          throw err;
+        }
+        allowanceRefusal = err;
+      }
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
       // The request would be refused before planning finished: report what is known (the rows'
@@ -77,7 +94,7 @@ const route: FastifyPluginAsync = async (app) => {
     }
 
     const budgets = await budgetsOf(gw, plan);
-    let refusal = await precheck(gw, plan);
+    let refusal = allowanceRefusal ?? (await precheck(gw, plan));
     if (!refusal) {
       const r = checkAdmission(reservationOf(plan), budgets.state);
       if (!r.ok) refusal = r.scope === 'run' ? tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan) : moneyError(gw, plan, r);

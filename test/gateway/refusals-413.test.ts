@@ -100,6 +100,20 @@ t.test('context_window_exceeded: prompt alone, and prompt plus explicit max_toke
   t.equal(upstream.requests[0].body?.max_completion_tokens, 64 - prompt, 'allowance clamped to the window');
 });
 
+t.test('admission of a request refused only for its max_tokens still says the largest max_tokens the window admits', async (t) => {
+  const { post } = await setup(t, {}, { contextWindow: 64 });
+  const request = { model: 'gpt-4o', messages: [{ role: 'user', content: ' word'.repeat(30) }], max_tokens: 1000 };
+  const planned = await post('/v1/admission', { endpoint: '/v1/chat/completions', request });
+  t.equal(planned.status, 200);
+  t.match(planned.body.verdict, { admit: false, status: 413, error: { error: { code: 'context_window_exceeded' } } });
+  const prompt = (planned.body.row_tokens as number[])[0]!;
+  const most = planned.body.max_affordable_allowance as number;
+  t.equal(most, 64 - prompt, 'the window less the prompt');
+  t.ok(planned.body.charge && planned.body.budgets, 'the plan is shown, not nulls');
+  t.equal((await post('/v1/chat/completions', { ...request, max_tokens: most })).status, 200, 'the figure is admitted');
+  t.equal((await post('/v1/chat/completions', { ...request, max_tokens: most + 1 })).status, 413, 'one more is not');
+});
+
 t.test('body_too_large counts bytes exactly, before parsing', async (t) => {
   const { upstream, post } = await setup(t, { maxBodyBytes: 1000 });
   const body = `{"model":"gpt-4o","x":"${'a'.repeat(1000 - 24)}"}`;
