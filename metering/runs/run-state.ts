@@ -16,7 +16,10 @@ export interface BatchCall {
   resultIndex: number | null;
 }
 
-/** One assistant message carrying tool calls, with the `tool` messages that answer it. */
+/**
+ * One assistant message carrying tool calls, with the `tool` messages that answer it — or, in the
+ * legacy form (before `tools`), its one `function_call`, answered by the next `function` message.
+ */
 export interface ToolBatch {
   /** Index in `messages` of the assistant message. */
   assistantIndex: number;
@@ -55,7 +58,7 @@ export function inspectRun(messages: readonly ChatMessage[], writeTools: readonl
 
   for (let i = lastUserIndex + 1; i < messages.length; i++) {
     const m = messages[i]!;
-    if (m.role !== 'assistant' || !Array.isArray(m.tool_calls) || m.tool_calls.length === 0) continue;
+    if (m.role !== 'assistant' || callsOf(m).length === 0) continue;
     const batch = readBatch(messages, i, writes);
     batches.push(batch);
     // Writes change the world, so a repeated write is not "no progress" (seed 001): it resets the
@@ -75,22 +78,31 @@ export function inspectRun(messages: readonly ChatMessage[], writeTools: readonl
   };
 }
 
-function readBatch(messages: readonly ChatMessage[], assistantIndex: number, writes: Set<string>): ToolBatch {
-  const toolCalls = messages[assistantIndex]!.tool_calls ?? [];
-  const calls: BatchCall[] = toolCalls.map((c) => ({
-    id: typeof c.id === 'string' ? c.id : null,
-    name: c.function?.name ?? '',
-    arguments: c.function?.arguments ?? '',
-    resultIndex: null,
-  }));
+/** The calls an assistant message makes: its `tool_calls`, else its legacy `function_call`. */
+function callsOf(m: ChatMessage): BatchCall[] {
+  if (Array.isArray(m.tool_calls) && m.tool_calls.length > 0) {
+    return m.tool_calls.map((c) => ({
+      id: typeof c.id === 'string' ? c.id : null,
+      name: c.function?.name ?? '',
+      arguments: c.function?.arguments ?? '',
+      resultIndex: null,
+    }));
+  }
+  const legacy = m.function_call as { name?: unknown; arguments?: unknown } | null | undefined;
+  if (legacy === null || typeof legacy !== 'object' || typeof legacy.name !== 'string') return [];
+  return [{ id: null, name: legacy.name, arguments: typeof legacy.arguments === 'string' ? legacy.arguments : '', resultIndex: null }];
+}
 
-  // The answers are the `tool` messages up to the next assistant turn. Matching stays inside that
-  // window because some models reuse ids (`call_0`) every round.
+function readBatch(messages: readonly ChatMessage[], assistantIndex: number, writes: Set<string>): ToolBatch {
+  const calls = callsOf(messages[assistantIndex]!);
+
+  // The answers are the `tool` (legacy: `function`) messages up to the next assistant turn.
+  // Matching stays inside that window because some models reuse ids (`call_0`) every round.
   const window: number[] = [];
   for (let j = assistantIndex + 1; j < messages.length; j++) {
     const role = messages[j]!.role;
     if (role === 'assistant' || role === 'user') break;
-    if (role === 'tool') window.push(j);
+    if (role === 'tool' || role === 'function') window.push(j);
   }
   const used = new Set<number>();
   for (const call of calls) {

@@ -111,3 +111,33 @@ t.test('bounds are set per tenant and per key, and can be turned off', async (t)
   const last = chatRequests(upstream).at(-1)!;
   t.ok(Array.isArray(last.tools), 'the 8th request still offered tools');
 });
+
+t.test('legacy function calling (functions / function_call / role "function") counts its rounds too', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 4 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 2 } });
+  const round = (n: number) => [
+    { role: 'assistant', content: null, function_call: { name: 'search', arguments: `{"q":"page ${n}"}` } },
+    { role: 'function', name: 'search', content: `result ${n}` },
+  ];
+  const ask = async (rounds: number) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'conv-legacy' },
+      body: JSON.stringify({
+        model: 'gpt-4o-mini',
+        max_tokens: 20,
+        messages: [{ role: 'user', content: 'Search twice.' }, ...Array.from({ length: rounds }, (_, i) => round(i + 1)).flat()],
+        functions: [{ name: 'search', parameters: { type: 'object', properties: { q: { type: 'string' } } } }],
+      }),
+    });
+    t.equal(res.status, 200);
+    await res.text();
+    return res.headers.get('x-tollgate-notice');
+  };
+  t.equal(await ask(1), null, 'after one round: another may follow');
+  t.equal(await ask(2), 'finishing-the-answer; reason=rounds', 'after the second round: the final answer');
+  const final = chatRequests(upstream).at(-1)!;
+  t.notOk('functions' in final, 'no functions offered');
+  t.notOk('function_call' in final);
+});

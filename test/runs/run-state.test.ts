@@ -155,3 +155,16 @@ t.test('runKey is stable within a run and changes with the next question', async
   t.equal(runKey(noUser), runKey([...noUser, ...round(2, 'read', '{}', 'w')]), 'anchored on the leading system prompt');
   t.match(runKey([]), /^[0-9a-f]{64}$/);
 });
+
+t.test('legacy function calls are rounds, answered by the next "function" message', async (t) => {
+  const legacy = (n: number, answer: string): ChatMessage[] => [
+    { role: 'assistant', content: null, function_call: { name: 'search', arguments: `{"q":"x"}` } },
+    { role: 'function', name: 'search', content: answer },
+  ];
+  const run = inspectRun([user('go'), ...legacy(1, 'same'), ...legacy(2, 'same'), ...legacy(3, 'same')], []);
+  t.equal(run.toolRounds, 3);
+  t.equal(run.identicalStreak, 3, 'identical reads count toward patience');
+  t.equal(run.batches[0]!.calls[0]!.resultIndex, 2);
+  t.same(run.batches[0]!.calls.map((c) => [c.name, c.arguments]), [['search', '{"q":"x"}']]);
+  t.equal(inspectRun([user('go'), { role: 'assistant', content: 'plain', function_call: null }], []).toolRounds, 0, 'a null function_call is no call');
+});
