@@ -10,6 +10,7 @@ import { plan as planRequest, rowFigures } from '../server/pipeline/plan.js';
 import { precheck, reservationOf, tokenBudgetError, moneyError } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
+import type { ModelPrice } from '../pricing/model-price.js';
 
 /** The plan's fields a request refused before planning finished has no figures for. */
 const NOT_PLANNED = {
@@ -34,6 +35,11 @@ const NOT_PLANNED = {
   final_reason: null,
   max_affordable_allowance: null,
 } as const;
+
+function priceView(p: ModelPrice | null) {
+  if (!p) return null;
+  return { model: p.model, input_mtok: p.inputMtok, cache_read_mtok: p.cacheReadMtok, output_mtok: p.outputMtok, source: p.source, date: p.date };
+}
 
 const route: FastifyPluginAsync = async (app) => {
   app.post('/v1/admission', { preHandler: requireClient }, async (request) => {
@@ -107,7 +113,8 @@ const route: FastifyPluginAsync = async (app) => {
       conversation_source: plan.conversationSource,
       shared_prefix_tokens: plan.sharedPrefixTokens,
       charge: { prompt: plan.promptCharge, allowance: plan.allowance },
-      cost_usd: { worst_case: plan.worstCaseUsd },
+      // The list price used, with where it comes from and its date (SPEC §7), or null when none.
+      cost_usd: { worst_case: plan.worstCaseUsd, price: priceView(plan.price) },
       budgets: budgets.view,
       run: plan.runInspection
         ? {

@@ -31,6 +31,7 @@ t.test('budgets and max_affordable_allowance, and nothing changes', async (t) =>
   t.equal(a.mode, 'normal');
   t.equal(a.shared_prefix_tokens, 0);
   t.equal(a.count_method, 'tiktoken:o200k_base');
+  t.match((a.cost_usd as Json).price, { model: 'gpt-4o', source: /^genai-prices@\d/, date: null }, 'the bundled price, with its source');
   t.equal(upstream.requests.length, 0, 'no model was called');
   // 2. twice: still nothing reserved
   const again = await admission(request);

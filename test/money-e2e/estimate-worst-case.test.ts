@@ -36,6 +36,8 @@ t.test('the worst case of an estimated prompt is one token per byte', async (t) 
   t.match(plan, { count_method: 'estimate:bytes' });
   const expected = (plan.sum_tokens * 4 * 10 + 20 * 20) / 1e6;
   t.ok(close(plan.cost_usd.worst_case!, expected), `${plan.cost_usd.worst_case} = ${expected}`);
+  // The price it used, with its source and date (SPEC §7).
+  t.match(plan.cost_usd.price, { model: 'acme-chat', input_mtok: 10, output_mtok: 20, cache_read_mtok: null, source: /^override:.*prices\.json$/, date: '2026-11-01' });
 });
 
 t.test('a monthly budget holds when the provider counts one token per byte', async (t) => {

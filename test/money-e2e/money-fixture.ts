@@ -119,7 +119,7 @@ export async function admission(gw: TestGateway, key: string, request: Record<st
   return r.body as {
     sum_tokens: number;
     max_affordable_allowance: number | null;
-    cost_usd: { worst_case: number | null };
+    cost_usd: { worst_case: number | null; price: Record<string, unknown> | null };
     verdict: { admit: boolean; status: number; error: ErrorBody | null };
   };
 }
