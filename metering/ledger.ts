@@ -13,7 +13,10 @@ export interface Reservation {
   tenant: string;
   keyId: string | null;
   conversation: string;
-  /** The conversation named in `x-tollgate-parent`, whose cap this one shares. */
+  /**
+   * The conversation named in `x-tollgate-parent`, whose cap this one shares — and the caps of
+   * the conversations above it (ADR 0018).
+   */
   parent: string | null;
   run: string;
   model: string;
@@ -45,7 +48,9 @@ export type AdmitRefusal =
       spentUsd: number;
       limitUsd: number;
       neededUsd: number;
-    };
+    }
+  /** More than `limitAncestors` conversations above this one (parent, its parent, …): ADR 0018. */
+  | { ok: false; scope: 'nesting'; limitAncestors: number };
 
 export type AdmitResult = { ok: true } | AdmitRefusal;
 
@@ -121,8 +126,9 @@ export interface ConversationSpend {
   planTurns: number;
   /** List-price value of the plan turns' work ("of work", not money spent). */
   planWorkUsd: number;
+  /** What the conversations below this one spent: children, their children, … (ADR 0018). */
   tasksUsd: number;
-  /** Worst-case USD reserved by this conversation's requests still in flight. */
+  /** Worst-case USD reserved by this conversation's requests still in flight, and those below's. */
   reservedUsd: number;
   turns: number;
   capUsd: number | null;

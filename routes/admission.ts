@@ -7,7 +7,7 @@ import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
 import { plan as planRequest, rowFigures } from '../server/pipeline/plan.js';
-import { precheck, reservationOf, tokenBudgetError, moneyError } from '../server/pipeline/admit.js';
+import { precheck, refusalError, reservationOf } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
 import type { ModelPrice } from '../pricing/model-price.js';
@@ -103,7 +103,7 @@ const route: FastifyPluginAsync = async (app) => {
     let refusal = allowanceRefusal ?? (await precheck(gw, plan));
     if (!refusal) {
       const r = checkAdmission(reservationOf(plan), budgets.state);
-      if (!r.ok) refusal = r.scope === 'run' ? tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan) : moneyError(gw, plan, r);
+      if (!r.ok) refusal = refusalError(gw, plan, r);
     }
     return {
       endpoint: call.endpoint,

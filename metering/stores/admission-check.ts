@@ -1,6 +1,7 @@
 // The budget checks of admission, shared by both stores so SQLite and PostgreSQL refuse for the
 // same reasons in the same order (the brief's order: run tokens, conversation cap, parent cap,
-// monthly budget). Pure: each store reads the locked counters, calls this, then writes.
+// monthly budget — "parent" being every conversation above, nearest first: ADR 0018). Pure: each
+// store reads the locked counters, calls this, then writes.
 import type { AdmitResult, Reservation } from '../ledger.js';
 
 /**
@@ -20,8 +21,10 @@ export interface AdmissionState {
   budgetTokens: number | null;
   usedTokens: number;
   conversation: MoneyScopeState;
-  /** Null when the request names no parent. */
-  parent: MoneyScopeState | null;
+  /** The parent, its parent, … up to the top (see `familyOf`); empty when there is no parent. */
+  ancestors: MoneyScopeState[];
+  /** More than MAX_ANCESTORS conversations above this one: refused before any budget. */
+  tooDeep: boolean;
   monthlyBudgetUsd: number | null;
   month: { spentUsd: number; reservedUsd: number };
 }
@@ -44,6 +47,7 @@ function capRefusal(
 
 /** The first budget the reservation would cross, or `{ok: true}`. */
 export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
+  if (s.tooDeep) return { ok: false, scope: 'nesting', limitAncestors: MAX_ANCESTORS };
   const neededTokens = reservedTokens(r);
   if (s.budgetTokens !== null && s.usedTokens + neededTokens > s.budgetTokens) {
     return {
@@ -59,9 +63,9 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
   if (needed === null) return { ok: true };
   const own = capRefusal('conversation', s.conversation, needed);
   if (own) return own;
-  if (s.parent) {
-    const parent = capRefusal('parent', s.parent, needed);
-    if (parent) return parent;
+  for (const ancestor of s.ancestors) {
+    const refusal = capRefusal('parent', ancestor, needed);
+    if (refusal) return refusal;
   }
   if (s.monthlyBudgetUsd !== null) {
     const committed = s.month.spentUsd + s.month.reservedUsd;
@@ -84,7 +88,65 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
  * could leave its parent's cap by dropping the header (SPEC §6: no child conversation can raise
  * a limit). A conversation naming itself has none.
  */
-export function effectiveParent(r: Reservation, stored: string | null = null): string | null {
+export function effectiveParent(r: Pick<Reservation, 'conversation' | 'parent'>, stored: string | null = null): string | null {
   const parent = stored ?? r.parent;
   return parent !== null && parent !== r.conversation ? parent : null;
+}
+
+/**
+ * Conversations a request may have above it. Each level is one more row read, reserved on and
+ * settled on per request, so a chain is bounded; past it the request is refused (ADR 0018).
+ */
+export const MAX_ANCESTORS = 16;
+
+export interface Family {
+  /** The parent, its parent, … up to the top: every cap the request is held by, nearest first. */
+  ancestors: string[];
+  /** More than MAX_ANCESTORS above: `ancestors` holds the first MAX_ANCESTORS of them. */
+  tooDeep: boolean;
+}
+
+/**
+ * The conversations above a request, walked along the stored parent links as they are now (ADR
+ * 0018): a conversation that gains a parent after its children were admitted brings them under
+ * that parent's cap too. `parentOf(id)` is the parent stored for `id` (null: none, or no such
+ * conversation), or undefined when the caller has not read `id` yet — the walk then answers
+ * `{unread: id}`, and a caller reading row by row reads it and walks again.
+ */
+export function familyOf(
+  r: Pick<Reservation, 'conversation' | 'parent'>,
+  /** The parent the conversation already has (see `effectiveParent`). */
+  stored: string | null,
+  parentOf: (id: string) => string | null | undefined,
+): Family | { unread: string } {
+  const first = effectiveParent(r, stored);
+  if (first === null) return { ancestors: [], tooDeep: false };
+  const ancestors = [first];
+  for (;;) {
+    const last = ancestors[ancestors.length - 1]!;
+    const up = parentOf(last);
+    if (up === undefined) return { unread: last };
+    // The top; or a loop above, written before loops were refused (or by a race): stop there.
+    if (up === null || ancestors.includes(up)) break;
+    if (up === r.conversation) {
+      // The named parent is this conversation's own descendant: linking them would make a loop,
+      // so it is no parent, as a conversation naming itself has none. A link already stored stays.
+      if (stored === null) return { ancestors: [], tooDeep: false };
+      break;
+    }
+    if (ancestors.length === MAX_ANCESTORS) return { ancestors, tooDeep: true };
+    ancestors.push(up);
+  }
+  return { ancestors, tooDeep: false };
+}
+
+/** `familyOf` for a caller that can read any conversation's parent at once (never unread). */
+export function familyNow(
+  r: Pick<Reservation, 'conversation' | 'parent'>,
+  stored: string | null,
+  parentOf: (id: string) => string | null,
+): Family {
+  const family = familyOf(r, stored, parentOf);
+  if ('unread' in family) throw new Error(`conversation ${family.unread} was not read`);
+  return family;
 }

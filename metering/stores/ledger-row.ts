@@ -1,14 +1,19 @@
 // One ledger row as both stores write and read it: the column values of a reservation, of a
 // settlement (real or recovered), and the mapping from a stored record back to `LedgerRow`.
 // Column names match `LedgerRow` except `row_count` (ROWS is a keyword in SQL) and the internal
-// `month` and `plan_work_usd`.
+// `month`, `plan_work_usd` and `grandparents`.
 import type { LedgerRow, ModeName, Reservation, Settlement } from '../ledger.js';
 import { reservedTokens } from './admission-check.js';
 
 export type SqlValue = string | number | null;
 
-/** Values inserted when a request is admitted (state `reserved`). */
-export function reservationColumns(r: Reservation, parent: string | null): Record<string, SqlValue> {
+/**
+ * Values inserted when a request is admitted (state `reserved`). `ancestors` are the conversations
+ * its worst case was reserved on besides its own, nearest first (the parent, then `grandparents`,
+ * a JSON array, or null when there are none): settlement releases exactly those (ADR 0018).
+ */
+export function reservationColumns(r: Reservation, ancestors: readonly string[]): Record<string, SqlValue> {
+  const parent = ancestors[0] ?? null;
   return {
     id: r.id,
     time: r.time,
@@ -17,6 +22,7 @@ export function reservationColumns(r: Reservation, parent: string | null): Recor
     key_id: r.keyId,
     conversation: r.conversation,
     parent,
+    grandparents: ancestors.length > 1 ? JSON.stringify(ancestors.slice(1)) : null,
     run: r.run,
     model: r.model,
     upstream: r.upstream,
@@ -73,6 +79,8 @@ export interface OpenRow {
   run: string;
   conversation: string;
   parent: string | null;
+  /** JSON array of the conversations above the parent, nearest first; null when none. */
+  grandparents: string | null;
   tenant: string;
   month: string;
   model: string;
@@ -80,6 +88,15 @@ export interface OpenRow {
   allowance: number;
   reserved_tokens: number;
   worst_case_usd: number | null;
+}
+
+/**
+ * The conversations above a row's own that its reservation was drawn on, nearest first. A row
+ * written before grandparents were recorded has none: it reserved on its parent alone.
+ */
+export function ancestorsOfRow(row: Pick<OpenRow, 'parent' | 'grandparents'>): string[] {
+  if (row.parent === null) return [];
+  return row.grandparents === null ? [row.parent] : [row.parent, ...(JSON.parse(row.grandparents) as string[])];
 }
 
 /**
@@ -165,7 +182,7 @@ const SAMPLE_RESERVATION: Reservation = {
   countMethod: '', sharedPrefixTokens: 0, promptCharge: 0, allowance: 0, runBudgetTokens: null,
   worstCaseUsd: null, month: '',
 };
-export const RESERVATION_COLUMNS = Object.keys(reservationColumns(SAMPLE_RESERVATION, null));
+export const RESERVATION_COLUMNS = Object.keys(reservationColumns(SAMPLE_RESERVATION, []));
 const SAMPLE_SETTLEMENT: SettleValues = {
   state: 'settled', status: null, generatedTokens: 0, outputMethod: '', chargeTokens: 0,
   refundTokens: 0, costUsd: null, savedUsd: null, planWorkUsd: null, billing: null,

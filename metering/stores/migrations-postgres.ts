@@ -122,6 +122,12 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // When a replica last said an open reservation is still in flight (ms; ADR 0011).
     sql: `ALTER TABLE ledger_rows ADD COLUMN alive_at bigint;`,
   },
+  {
+    version: 3,
+    // The conversations above a reservation's parent it was drawn on, so settlement releases
+    // exactly those (a JSON array as text, as on SQLite; ADR 0018). Rows written before have none.
+    sql: `ALTER TABLE ledger_rows ADD COLUMN grandparents text;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

@@ -137,6 +137,12 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // commit wrote (bench/RESULTS.md).
     sql: `DROP INDEX IF EXISTS heads_by_key;`,
   },
+  {
+    version: 4,
+    // The conversations above a reservation's parent it was drawn on, so settlement releases
+    // exactly those (JSON array; ADR 0018). Rows written before have none: they drew on the parent.
+    sql: `ALTER TABLE ledger_rows ADD COLUMN grandparents TEXT;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

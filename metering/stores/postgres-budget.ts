@@ -1,15 +1,16 @@
 // Admission and settlement on PostgreSQL, each run inside one transaction by the store
-// (ADR 0005). Admission locks the rows it checks — run, conversations in id order, tenant month —
-// before reading them, so concurrent admissions on any replica queue on those locks and no
-// read-then-write race can cross a budget. Settlement locks the ledger row first, then the same
-// rows in the same order (the conversation's head before the month), so the two never deadlock
-// each other. The tenant month, which all of a tenant's requests share, is always taken last and
-// held for as few round trips as possible.
+// (ADR 0005). Admission locks the rows it checks — run, conversations in id order (its own, its
+// parent and every one above: ADR 0018), tenant month — before reading them, so concurrent
+// admissions on any replica queue on those locks and no read-then-write race can cross a budget.
+// Settlement locks the ledger row first, then the same rows in the same order (the conversation's
+// head before the month), so the two never deadlock each other. The tenant month, which all of a
+// tenant's requests share, is always taken last and held for as few round trips as possible.
 import type pg from 'pg';
 import type { AdmitResult, MonthAfterSettle, Reservation } from '../ledger.js';
-import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
+import { MAX_ANCESTORS, checkAdmission, effectiveParent, familyNow, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
   RESERVATION_COLUMNS,
+  ancestorsOfRow,
   countsAsTurn,
   SETTLEMENT_COLUMNS,
   reservationColumns,
@@ -33,21 +34,29 @@ interface ConversationRecord extends MoneyScopeState {
 export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResult> {
   const named = effectiveParent(r);
   // 1. Make sure every row exists, so it can be locked, in one round trip (no locks taken on rows
-  // that already exist), and read the parent the conversation already has: that one holds,
-  // whatever the request names. Rows made here are only kept if the request is admitted.
-  const existing = await c.query<{ parent: string | null }>(
-    `WITH conv AS (
+  // that already exist), and read the parent links up from the conversation and from the parent
+  // it names — as far as a request may reach (MAX_ANCESTORS), a loop stopped by the same bound.
+  // The parent the conversation already has holds, whatever the request names. Rows made here are
+  // only kept if the request is admitted.
+  const starts = named === null ? [r.conversation] : [r.conversation, named];
+  const links = await c.query<{ id: string; parent: string | null }>(
+    `WITH RECURSIVE conv AS (
        INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id ON CONFLICT (id) DO NOTHING
      ), run AS (
        INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
      ), mon AS (
        INSERT INTO tenant_months (tenant, month) VALUES ($2, $7) ON CONFLICT DO NOTHING
+     ), up (id, parent, depth) AS (
+       SELECT id, parent, 0 FROM conversations WHERE id = ANY($1::text[])
+       UNION ALL
+       SELECT c.id, c.parent, up.depth + 1 FROM conversations c JOIN up ON c.id = up.parent WHERE up.depth < $8
      )
-     SELECT parent FROM conversations WHERE id = $4`,
-    [named === null ? [r.conversation] : [r.conversation, named], r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month],
+     SELECT DISTINCT id, parent FROM up`,
+    [starts, r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month, MAX_ANCESTORS],
   );
-  const parent = effectiveParent(r, existing.rows[0]?.parent ?? null);
-  const convIds = parent === null ? [r.conversation] : [r.conversation, parent].sort();
+  const parentOf = new Map(links.rows.map((x) => [x.id, x.parent]));
+  const family = familyNow(r, parentOf.get(r.conversation) ?? null, (id) => parentOf.get(id) ?? null);
+  const convIds = [r.conversation, ...family.ancestors].sort();
   // 2. Lock in a fixed order: run, conversations by id, tenant month. The tenant month is the row
   // every request of a tenant queues on, so it is locked last and held for two round trips only:
   // the writes (one statement) and the commit.
@@ -61,13 +70,17 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
      FROM conversations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
     [convIds],
   );
-  // Two first requests of one conversation naming different parents, at the same moment on two
-  // replicas: the other one set its parent between the read above and the lock. Rather than check
-  // the wrong cap, fail as a serialization failure does: the store runs the admission again, and
-  // it then reads the parent that holds.
-  const locked = convs.rows.find((x) => x.id === r.conversation)?.parent ?? null;
-  if (effectiveParent(r, locked) !== parent) {
-    throw Object.assign(new Error(`conversation ${r.conversation} was given parent ${locked} by a concurrent request`), { code: '40001' });
+  // A link changed between the read above and the lock: two first requests of one conversation
+  // naming different parents at the same moment on two replicas, or the top conversation gaining
+  // a parent. Rather than check the wrong caps, fail as a serialization failure does: the store
+  // runs the admission again, and it then reads the links that hold. A link once set is never
+  // replaced, so only an empty one can have changed — the conversation's own and the top's, both
+  // locked now; the others (a loop's, through rows not locked) are as read.
+  const byId = new Map(convs.rows.map((x) => [x.id, x]));
+  const now = (id: string) => (byId.has(id) ? byId.get(id)!.parent : (parentOf.get(id) ?? null));
+  const locked = familyNow(r, now(r.conversation), now);
+  if (locked.tooDeep !== family.tooDeep || locked.ancestors.join('\n') !== family.ancestors.join('\n')) {
+    throw Object.assign(new Error(`the conversations above ${r.conversation} changed during its admission`), { code: '40001' });
   }
   const month = await c.query<{ spent_usd: number; reserved_usd: number; monthly_budget_usd: number | null }>(
     `SELECT m.spent_usd, m.reserved_usd, t.monthly_budget_usd
@@ -75,24 +88,30 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
      WHERE m.tenant = $1 AND m.month = $2 FOR UPDATE OF m`,
     [r.tenant, r.month],
   );
-  const byId = new Map(convs.rows.map((x) => [x.id, x]));
   const own = byId.get(r.conversation);
   if (!own) throw new Error(`conversation ${r.conversation} vanished during admission`);
   const verdict = checkAdmission(r, {
     budgetTokens: run.rows[0].budget_tokens,
     usedTokens: run.rows[0].used_tokens,
     conversation: own,
-    parent: parent === null ? null : (byId.get(parent) ?? null),
+    ancestors: family.ancestors.map((id) => {
+      const row = byId.get(id);
+      if (!row) throw new Error(`conversation ${id} vanished during admission`);
+      return row;
+    }),
+    tooDeep: family.tooDeep,
     monthlyBudgetUsd: month.rows[0].monthly_budget_usd ?? null,
     month: { spentUsd: month.rows[0].spent_usd, reservedUsd: month.rows[0].reserved_usd },
   });
   if (!verdict.ok) return verdict;
 
   // 3. Reserve: the row, the run's tokens, the claim of the conversation (an owner and a first
-  // parent, never replaced) and the money — one statement (every row it writes is already locked
-  // above, so the order inside it does not matter). Only now: a refusal returns above, and the
-  // store rolls its transaction back, rows made sure of in step 1 included.
-  const cols = reservationColumns(r, parent);
+  // parent, never replaced) and the money, on it and on every conversation above — one statement
+  // (every row it writes is already locked above, so the order inside it does not matter). Only
+  // now: a refusal returns above, and the store rolls its transaction back, rows made sure of in
+  // step 1 included.
+  const cols = reservationColumns(r, family.ancestors);
+  const parent = family.ancestors[0] ?? null;
   const n = RESERVATION_COLUMNS.length;
   const w = r.worstCaseUsd;
   const money = w === null ? '' : `, mon AS (UPDATE tenant_months SET reserved_usd = reserved_usd + $${n + 3} WHERE tenant = $${n + 5} AND month = $${n + 8})`;
@@ -128,8 +147,8 @@ export async function settleLocked(
   alsoWrite?: () => Promise<void>,
 ): Promise<MonthAfterSettle | null> {
   const found = await c.query<OpenRow>(
-    `SELECT state, run, conversation, parent, tenant, month, model, prompt_charge, allowance,
-       reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
+    `SELECT state, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
+       allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
     [id],
   );
   const row = found.rows[0];
@@ -139,8 +158,9 @@ export async function settleLocked(
   const cost = v.costUsd ?? 0;
   const turn = countsAsTurn(v);
   await c.query('UPDATE runs SET used_tokens = used_tokens - $2 WHERE id = $1', [row.run, v.refundTokens]);
-  // Conversations in id order, as in admission.
-  const targets = [row.conversation, ...(row.parent === null ? [] : [row.parent])].sort();
+  // Conversations in id order, as in admission: its own, and the ones above as admission reserved
+  // on them — whose tasks_usd is what those below spend (ADR 0018).
+  const targets = [row.conversation, ...ancestorsOfRow(row)].sort();
   for (const target of targets) {
     if (target === row.conversation) {
       await c.query(

@@ -8,7 +8,8 @@ export function prepareSqlite(db: Database.Database) {
   return {
     // Admission writes only once it has admitted (a refusal changes nothing): each reserve
     // statement creates its row or adds to it. The request's own conversation is claimed (an owner
-    // and a first parent are never replaced); a parent is only drawn on.
+    // and a first parent are never replaced); a parent, and each conversation above it, is only
+    // drawn on.
     reserveConversation: s(`INSERT INTO conversations (id, tenant, parent, reserved_usd)
       VALUES (@id, @tenant, @parent, @reserved)
       ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
@@ -23,6 +24,7 @@ export function prepareSqlite(db: Database.Database) {
       spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + @turn,
       plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work
       WHERE id = @id`),
+    // A parent, or a conversation above it: what those below spend is its tasks_usd (ADR 0018).
     settleParent: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
       tasks_usd = tasks_usd + @cost WHERE id = @id`),
     addModelTurn: s(`INSERT INTO conversation_models (conversation, model, turns, spent_usd)
@@ -60,7 +62,7 @@ export function prepareSqlite(db: Database.Database) {
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),
-    getOpenRow: s(`SELECT state, run, conversation, parent, tenant, month, model, prompt_charge,
+    getOpenRow: s(`SELECT state, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
       allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = ?`),
     settleRow: s(`UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c) => `${c} = @${c}`).join(', ')}
       WHERE id = @id`),

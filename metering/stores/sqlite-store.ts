@@ -16,9 +16,10 @@ import type {
   Settlement,
   TenantRecord,
 } from '../ledger.js';
-import { checkAdmission, effectiveParent, reservedTokens, type MoneyScopeState } from './admission-check.js';
+import { checkAdmission, familyNow, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
   EXPORT_PAGE,
+  ancestorsOfRow,
   countsAsTurn,
   fromSettlement,
   recoveredSettlement,
@@ -305,8 +306,14 @@ export class SqliteLedger implements Ledger {
     // refusal). Nothing is locked row by row: the transaction holds the file's write lock from
     // BEGIN IMMEDIATE, so rows that do not exist yet cannot appear between the read and the write.
     const own = this.money(r.conversation);
-    // The first parent a conversation was admitted with holds, whatever the request names.
-    const parent = effectiveParent(r, own?.parent ?? null);
+    // The first parent a conversation was admitted with holds, whatever the request names; the
+    // conversations above it are read along their parent links as they are now (ADR 0018).
+    const read = new Map<string, ConversationRecord | undefined>();
+    const record = (id: string) => {
+      if (!read.has(id)) read.set(id, this.money(id));
+      return read.get(id);
+    };
+    const family = familyNow(r, own?.parent ?? null, (id) => record(id)?.parent ?? null);
     const run = this.q.getRun.get(r.run) as { budget_tokens: number | null; used_tokens: number } | undefined;
     const month = this.q.getMonth.get(r.tenant, r.month) as
       | { spent_usd: number; reserved_usd: number }
@@ -317,7 +324,8 @@ export class SqliteLedger implements Ledger {
       budgetTokens: run ? run.budget_tokens : r.runBudgetTokens,
       usedTokens: run?.used_tokens ?? 0,
       conversation: own ?? NO_MONEY,
-      parent: parent === null ? null : (this.money(parent) ?? NO_MONEY),
+      ancestors: family.ancestors.map((id) => record(id) ?? NO_MONEY),
+      tooDeep: family.tooDeep,
       monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null,
       month: { spentUsd: month?.spent_usd ?? 0, reservedUsd: month?.reserved_usd ?? 0 },
     });
@@ -332,9 +340,10 @@ export class SqliteLedger implements Ledger {
       budget_tokens: r.runBudgetTokens,
       tokens: reservedTokens(r),
     });
-    this.q.insertRow.run(reservationColumns(r, parent));
+    this.q.insertRow.run(reservationColumns(r, family.ancestors));
+    const parent = family.ancestors[0] ?? null;
     this.q.reserveConversation.run({ id: r.conversation, tenant: r.tenant, parent, reserved: w ?? 0 });
-    if (parent !== null) this.q.reserveParent.run({ id: parent, tenant: r.tenant, reserved: w ?? 0 });
+    for (const id of family.ancestors) this.q.reserveParent.run({ id, tenant: r.tenant, reserved: w ?? 0 });
     if (w !== null) this.q.reserveMonth.run(r.tenant, r.month, w);
     return { ok: true };
   }
@@ -364,7 +373,8 @@ export class SqliteLedger implements Ledger {
       plan_work: v.planWorkUsd ?? 0,
     });
     if (turn) this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
-    if (row.parent !== null) this.q.settleParent.run({ id: row.parent, release: w, cost });
+    // The conversations above, as admission reserved on them: their tasks_usd (ADR 0018).
+    for (const ancestor of ancestorsOfRow(row)) this.q.settleParent.run({ id: ancestor, release: w, cost });
     this.q.ensureMonth.run(row.tenant, row.month);
     const month = this.q.settleMonth.get({ tenant: row.tenant, month: row.month, release: w, cost }) as { spent_usd: number };
     this.q.settleRow.run({ id, ...settlementColumns(v, (b) => (b ? 1 : 0)) });
@@ -470,7 +480,7 @@ export class SqliteLedger implements Ledger {
       planTurns: c.plan_turns,
       planWorkUsd: c.plan_work_usd,
       tasksUsd: c.tasksUsd,
-      // Includes children's in-flight reservations: they draw on this conversation's cap too.
+      // Includes in-flight reservations of the conversations below: they draw on its cap too.
       reservedUsd: c.reservedUsd,
       turns: c.turns,
       capUsd: c.capUsd,

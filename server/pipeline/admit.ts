@@ -1,6 +1,7 @@
 // Stage 4 — admit (SPEC §2.4, §6): one atomic step in the ledger against every budget that applies
-// (run tokens, conversation cap, parent cap, monthly budget). A refusal is a 402 in the OpenAI
-// envelope with the exact figures, and nothing reaches the upstream.
+// (run tokens, conversation cap, the caps of its parent and every conversation above, monthly
+// budget). A refusal is a 402 in the OpenAI envelope with the exact figures, and nothing reaches
+// the upstream.
 
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
@@ -8,7 +9,7 @@ import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, type LimitScope } from '../../pricing/cheaper-models.js';
 import type { Plan } from './plan.js';
-import { conversationAndParent } from './budgets.js';
+import { conversationFamily } from './budgets.js';
 
 export function reservationOf(plan: Plan): Reservation {
   return {
@@ -53,8 +54,8 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
 
 /** Does any money limit apply to this request? (An unpriced metered model is then refused.) */
 async function moneyLimitApplies(gw: Gateway, plan: Plan): Promise<boolean> {
-  const [{ conv, parent }, tenant] = await Promise.all([conversationAndParent(gw, plan), gw.ledger.getTenant(plan.principal.tenant)]);
-  return conv?.capUsd != null || parent?.capUsd != null || tenant?.monthlyBudgetUsd != null;
+  const [{ conv, ancestors }, tenant] = await Promise.all([conversationFamily(gw, plan), gw.ledger.getTenant(plan.principal.tenant)]);
+  return conv?.capUsd != null || ancestors.some((a) => a?.capUsd != null) || tenant?.monthlyBudgetUsd != null;
 }
 
 export function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): GatewayError {
@@ -79,6 +80,23 @@ export function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { s
   return new GatewayError(refusal.code, refusal.message, refusal.details, refusal.param);
 }
 
+/** A conversation with more than `limit` conversations above it (ADR 0018): a 400, not a budget. */
+export function nestingError(plan: Plan, limit: number): GatewayError {
+  return new GatewayError(
+    'invalid_request',
+    `too many parent conversations: "${plan.conversation}" would have more than ${limit} conversations above it (its parent, the parent's parent, …), the limit is ${limit}`,
+    { limit },
+    'x-tollgate-parent',
+  );
+}
+
+/** The error a refused admission answers with (the real request and /v1/admission alike). */
+export function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): GatewayError {
+  if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan);
+  if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
+  return moneyError(gw, plan, r);
+}
+
 /** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
 export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
   if (plan.tokenRefusal) {
@@ -99,6 +117,5 @@ export async function admit(gw: Gateway, plan: Plan): Promise<void> {
     gw.inFlight.add(plan.id);
     return;
   }
-  if (result.scope === 'run') throw tokenBudgetError(result.remainingTokens, result.neededTokens, result.limitTokens, plan);
-  throw moneyError(gw, plan, result);
+  throw refusalError(gw, plan, result);
 }

@@ -3,7 +3,8 @@
 // them would still admit.
 
 import type { Gateway } from '../gateway.js';
-import type { AdmissionState, MoneyScopeState } from '../../metering/stores/admission-check.js';
+import type { ConversationSpend } from '../../metering/ledger.js';
+import { familyOf, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt } from '../../pricing/model-price.js';
 import { worstPromptTokens, type Plan } from './plan.js';
 
@@ -22,23 +23,31 @@ function moneyView(limit: number | null, spent: number, reserved: number): Money
 }
 
 /**
- * The conversation's spend and its parent's: the parent it already has holds over the one the
- * request names, as in the store's admission (metering/stores/admission-check.ts).
+ * The conversation's spend and the spend of every conversation above it, found as the store's
+ * admission finds them (metering/stores/admission-check.ts `familyOf`): the parent it already has
+ * holds over the one the request names, and the links above are followed as they are now.
  */
-export async function conversationAndParent(gw: Gateway, plan: Plan) {
+export async function conversationFamily(gw: Gateway, plan: Plan) {
   const conv = await gw.ledger.conversationSpend(plan.conversation);
-  const id = conv?.parent ?? plan.parent;
-  const parentId = id !== null && id !== plan.conversation ? id : null;
-  return { conv, parentId, parent: parentId === null ? null : await gw.ledger.conversationSpend(parentId) };
+  const read = new Map<string, ConversationSpend | null>();
+  const parentOf = (id: string) => {
+    const s = read.get(id);
+    return s === undefined ? undefined : (s?.parent ?? null);
+  };
+  for (;;) {
+    const family = familyOf(plan, conv?.parent ?? null, parentOf);
+    if (!('unread' in family)) return { conv, ancestors: family.ancestors.map((id) => read.get(id) ?? null), tooDeep: family.tooDeep };
+    read.set(family.unread, await gw.ledger.conversationSpend(family.unread));
+  }
 }
 
 export async function budgetsOf(gw: Gateway, plan: Plan) {
-  const [{ conv, parentId, parent }, tenant, month] = await Promise.all([
-    conversationAndParent(gw, plan),
+  const [{ conv, ancestors, tooDeep }, tenant, month] = await Promise.all([
+    conversationFamily(gw, plan),
     gw.ledger.getTenant(plan.principal.tenant),
     gw.ledger.tenantMonth(plan.principal.tenant, plan.month),
   ]);
-  const scope = (c: typeof conv): MoneyScopeState => ({
+  const scope = (c: ConversationSpend | null): MoneyScopeState => ({
     capUsd: c?.capUsd ?? null,
     spentUsd: c?.spentUsd ?? 0,
     tasksUsd: c?.tasksUsd ?? 0,
@@ -49,16 +58,20 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     budgetTokens,
     usedTokens: plan.runState?.usedTokens ?? 0,
     conversation: scope(conv),
-    parent: parentId !== null ? scope(parent) : null,
+    ancestors: ancestors.map(scope),
+    tooDeep,
     monthlyBudgetUsd: tenant?.monthlyBudgetUsd ?? null,
     month,
   };
-  // A conversation's spend includes its children's (tasks); their reservations are in `reservedUsd`.
+  // A conversation's spend includes what those below it spent (tasks); their reservations are in
+  // `reservedUsd`.
   const scopeView = (s: MoneyScopeState) => moneyView(s.capUsd, s.spentUsd + s.tasksUsd, s.reservedUsd);
+  // Of the caps above, the one with the least room left is the one that holds this request.
+  const above = state.ancestors.map(scopeView).filter((v): v is MoneyView => v !== null);
   const view = {
     run: budgetTokens === null ? null : { limit_tokens: budgetTokens, remaining_tokens: Math.max(0, budgetTokens - state.usedTokens) },
     conversation: scopeView(state.conversation),
-    parent: state.parent ? scopeView(state.parent) : null,
+    parent: above.reduce<MoneyView | null>((tightest, v) => (tightest === null || v.remaining_usd < tightest.remaining_usd ? v : tightest), null),
     monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd, month.reservedUsd),
   };
   return { state, view };
@@ -71,6 +84,8 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
  * out of its figure. A final answer may use what the run has left.
  */
 export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | null {
+  // Nested too deep: refused whatever it asks for.
+  if (s.tooDeep) return 0;
   const per = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const limits: number[] = [];
   if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
@@ -86,7 +101,7 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | 
     const promptUsd = (promptTokens * rates.input) / 1e6;
     const rooms: number[] = [];
     const capRoom = (m: MoneyScopeState | null) => (m && m.capUsd !== null ? m.capUsd - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
-    for (const room of [capRoom(s.conversation), capRoom(s.parent), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
+    for (const room of [capRoom(s.conversation), ...s.ancestors.map(capRoom), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
       if (room !== null) rooms.push(room);
     }
     for (const room of rooms) {

@@ -70,6 +70,53 @@ for (const factory of storeFactories(t)) {
     t.equal(admitted.length, 10, '$1 cap / $0.10 each');
   });
 
+  t.test(`${factory.kind}: a top cap is shared by grandchildren admitted concurrently`, async (t) => {
+    const store = await factory.create(t);
+    const handles = [store.ledger, await store.reopen()];
+    // 1. top ← mid ← low-0…4, linked first; then 100 grandchildren race for the top's $1.
+    await store.ledger.setConversationCap('top', 'acme', 1);
+    const link = async (conversation: string, parent: string) => {
+      const r = reservation({ conversation, parent, run: `${conversation}-link`, worstCaseUsd: null });
+      t.same(await store.ledger.admit(r), { ok: true });
+      await store.ledger.settle(r.id, settlement(r, 1));
+    };
+    await link('mid', 'top');
+    for (let i = 0; i < 5; i++) await link(`low-${i}`, 'mid');
+    const rs = Array.from({ length: 100 }, (_, i) =>
+      reservation({ conversation: `low-${i % 5}`, run: `low-run-${i}`, worstCaseUsd: 0.1 }),
+    );
+    const admitted = await admitAll(handles, rs);
+    t.equal(admitted.length, 10, '$1 cap / $0.10 each, two levels up');
+    t.ok(Math.abs((await store.ledger.conversationSpend('top'))!.reservedUsd - 1) < 1e-9);
+  });
+
+  t.test(`${factory.kind}: a conversation gaining its parent while those below it are admitted leaves no reservation behind`, async (t) => {
+    const store = await factory.create(t);
+    const handles = [store.ledger, await store.reopen()];
+    await store.ledger.setConversationCap('top', 'acme', 100);
+    for (let i = 0; i < 5; i++) {
+      const r = reservation({ conversation: `low-${i}`, parent: 'mid', run: `low-${i}-link`, worstCaseUsd: null });
+      t.same(await store.ledger.admit(r), { ok: true });
+      await store.ledger.settle(r.id, settlement(r, 1));
+    }
+    // 1. `mid` names `top` in the middle of 60 admissions of the conversations below it.
+    const rs = Array.from({ length: 60 }, (_, i) =>
+      i === 30
+        ? reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.1 })
+        : reservation({ conversation: `low-${i % 5}`, run: `low-run-${i}`, worstCaseUsd: 0.1 }),
+    );
+    const admitted = await admitAll(handles, rs);
+    t.equal(admitted.length, 60);
+    // 2. Each settles where it was reserved: nothing is left reserved, and nothing goes negative.
+    await Promise.all(admitted.map((r, i) => handles[i % 2].settle(r.id, settlement(r, 10, { costUsd: 0.05 }))));
+    for (const id of ['top', 'mid', 'low-0', 'low-4']) {
+      t.ok(Math.abs((await store.ledger.conversationSpend(id))!.reservedUsd) < 1e-9, `${id}: nothing reserved`);
+    }
+    t.equal((await store.ledger.conversationSpend('mid'))?.parent, 'top');
+    const top = (await store.ledger.conversationSpend('top'))!.tasksUsd;
+    t.ok(top >= 0.05 - 1e-9 && top <= 60 * 0.05 + 1e-9, `the top counts mid's turn and those admitted after it (${top})`);
+  });
+
   t.test(`${factory.kind}: budget-near is claimed exactly once per tenant and month`, async (t) => {
     const store = await factory.create(t);
     const handles = [store.ledger, await store.reopen()];

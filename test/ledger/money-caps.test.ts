@@ -1,7 +1,19 @@
-// Money on every store: conversation caps, a parent's cap shared by its children, the tenant's
-// monthly budget, and the spend each settlement adds up (SPEC §7).
+// Money on every store: conversation caps, a parent's cap shared by its children (and theirs), the
+// tenant's monthly budget, and the spend each settlement adds up (SPEC §7).
 import t from 'tap';
+import type { Ledger } from '../../metering/ledger.js';
+import { MAX_ANCESTORS } from '../../metering/stores/admission-check.js';
 import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
+
+const near = (a: number | undefined, b: number) => a !== undefined && Math.abs(a - b) < 1e-9;
+
+/** Admits one turn of `conversation` (naming `parent`) and settles it at `costUsd`. */
+async function spend(ledger: Ledger, conversation: string, parent: string | null, costUsd: number) {
+  const r = reservation({ conversation, parent, run: `${conversation}-run`, worstCaseUsd: costUsd });
+  const verdict = await ledger.admit(r);
+  if (!verdict.ok) throw new Error(`${conversation} was refused: ${JSON.stringify(verdict)}`);
+  await ledger.settle(r.id, settlement(r, 10, { costUsd }));
+}
 
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a conversation's cap counts spend and reservations in flight`, async (t) => {
@@ -54,7 +66,7 @@ for (const factory of storeFactories(t)) {
     const big = reservation({ conversation: 'child-2', parent: 'parent', run: 'c2', worstCaseUsd: 0.31 });
     const refusal = await ledger.admit(big);
     t.match(refusal, { ok: false, scope: 'parent', limitUsd: 1, neededUsd: 0.31 });
-    t.ok(!refusal.ok && refusal.scope !== 'run' && Math.abs(refusal.spentUsd - 0.7) < 1e-9);
+    t.ok(!refusal.ok && refusal.scope === 'parent' && Math.abs(refusal.spentUsd - 0.7) < 1e-9);
     // 3. The child's own cap is checked before its parent's.
     await ledger.setConversationCap('child-3', 'acme', 0.05);
     t.match(await ledger.admit(reservation({ conversation: 'child-3', parent: 'parent', run: 'c3', worstCaseUsd: 0.31 })), {
@@ -132,4 +144,108 @@ for (const factory of storeFactories(t)) {
     t.ok(Math.abs((await store.ledger.conversationSpend(parent))!.reservedUsd - 0.24) < 1e-9);
     t.equal((await store.ledger.conversationSpend(parent === 'p' ? 'q' : 'p'))!.reservedUsd, 0);
   });
+
+  // Regression (outside audit): a child of a child was checked against its parent's cap only, and
+  // its spend reached its parent's tasks_usd only — the top conversation's cap never saw it.
+  t.test(`${factory.kind}: a child of a child is held by every cap above it, and its spend counts in each`, async (t) => {
+    const { ledger } = await factory.create(t);
+    // top ← mid ← low ← leaf: the top is capped at $1, and so is `mid`, below it, at $0.50.
+    await ledger.setConversationCap('top', 'acme', 1);
+    await ledger.setConversationCap('mid', 'acme', 0.5);
+    await spend(ledger, 'top', null, 0.2);
+    await spend(ledger, 'mid', 'top', 0.1);
+    await spend(ledger, 'low', 'mid', 0.1);
+    // 1. A conversation's tasks_usd is what every conversation below it spent.
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.2), 'top: mid and low');
+    t.ok(near((await ledger.conversationSpend('mid'))?.tasksUsd, 0.1), 'mid: low');
+    t.match(await ledger.conversationSpend('low'), { parent: 'mid', spentUsd: 0.1, tasksUsd: 0 });
+    // 2. `leaf`, two levels below `mid`, is held by mid's cap: 0.1 + 0.1 + 0.35 > 0.5.
+    const over = await ledger.admit(reservation({ conversation: 'leaf', parent: 'low', run: 'leaf-run', worstCaseUsd: 0.35 }));
+    t.match(over, { ok: false, scope: 'parent', limitUsd: 0.5, neededUsd: 0.35 });
+    t.ok(!over.ok && over.scope === 'parent' && near(over.spentUsd, 0.2), "mid's figures");
+    t.equal(await ledger.conversationSpend('leaf'), null, 'the refusal wrote nothing');
+    // 3. What fits is reserved on every conversation above, and settled on each.
+    const fits = reservation({ conversation: 'leaf', parent: 'low', run: 'leaf-run', worstCaseUsd: 0.25 });
+    t.same(await ledger.admit(fits), { ok: true });
+    for (const id of ['leaf', 'low', 'mid', 'top']) t.ok(near((await ledger.conversationSpend(id))?.reservedUsd, 0.25), `${id}: reserved`);
+    await ledger.settle(fits.id, settlement(fits, 10, { costUsd: 0.2 }));
+    for (const id of ['leaf', 'low', 'mid', 'top']) t.ok(near((await ledger.conversationSpend(id))?.reservedUsd, 0), `${id}: released`);
+    t.ok(near((await ledger.conversationSpend('low'))?.tasksUsd, 0.2));
+    t.ok(near((await ledger.conversationSpend('mid'))?.tasksUsd, 0.3));
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.4));
+    t.equal((await ledger.conversationSpend('top'))?.spentUsd, 0.2, "the top's own spend is its own");
+    // 4. The top cap holds three levels down: lowered to what the family spent, nothing more goes.
+    await ledger.setConversationCap('mid', 'acme', null);
+    await ledger.setConversationCap('top', 'acme', 0.6);
+    const top = await ledger.admit(reservation({ conversation: 'leaf', run: 'leaf-run', worstCaseUsd: 0.01 }));
+    t.match(top, { ok: false, scope: 'parent', limitUsd: 0.6 }, 'the parent it has holds, named or not');
+    t.ok(!top.ok && top.scope === 'parent' && near(top.spentUsd, 0.6));
+    // 5. The row keeps its parent; a crash-recovered turn is charged to every conversation above.
+    const lost = reservation({ conversation: 'leaf', parent: 'low', run: 'leaf-run', worstCaseUsd: null });
+    t.same(await ledger.admit(lost), { ok: true });
+    t.equal((await collect(ledger.exportRows(null, null))).find((row) => row.id === lost.id)?.parent, 'low');
+    await ledger.setConversationCap('top', 'acme', null);
+    const crashed = reservation({ conversation: 'leaf', run: 'leaf-run', worstCaseUsd: 0.05 });
+    t.same(await ledger.admit(crashed), { ok: true });
+    await ledger.settle(lost.id, settlement(lost, 1));
+    t.equal(await ledger.recoverStale(1000, crashed.time + 600_000), 1);
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.45), 'charged at its worst case');
+    t.ok(near((await ledger.conversationSpend('top'))?.reservedUsd, 0));
+  });
+
+  t.test(`${factory.kind}: a conversation that gains a parent brings those below it under that parent's cap`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.setConversationCap('top', 'acme', 1);
+    await spend(ledger, 'top', null, 0.6);
+    // 1. `low` names `mid` before `mid` has a parent; one of its turns is still in flight.
+    await spend(ledger, 'low', 'mid', 0.1);
+    const inFlight = reservation({ conversation: 'low', run: 'low-run', worstCaseUsd: 0.3 });
+    t.same(await ledger.admit(inFlight), { ok: true });
+    // 2. Then `mid` names `top`: from now on `low` is held by the top's cap too.
+    await spend(ledger, 'mid', 'top', 0);
+    t.match(await ledger.admit(reservation({ conversation: 'low', run: 'low-run', worstCaseUsd: 0.5 })), {
+      ok: false,
+      scope: 'parent',
+      limitUsd: 1,
+    });
+    // 3. The turn admitted before settles where it was reserved: nothing is released from the top
+    // that was never reserved on it.
+    await ledger.settle(inFlight.id, settlement(inFlight, 10, { costUsd: 0.2 }));
+    t.equal((await ledger.conversationSpend('top'))?.reservedUsd, 0);
+    t.ok(near((await ledger.conversationSpend('mid'))?.tasksUsd, 0.3));
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0), 'spent before it was below the top');
+    // 4. A turn admitted now counts in the top.
+    await spend(ledger, 'low', null, 0.1);
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.1));
+  });
+
+  t.test(`${factory.kind}: naming a conversation below as the parent makes no loop`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await spend(ledger, 'mid', 'top', 0.1);
+    await spend(ledger, 'low', 'mid', 0.1);
+    // `top` names `low`, below it: linked, the two would each hold the other. It stays the top.
+    await spend(ledger, 'top', 'low', 0.2);
+    t.match(await ledger.conversationSpend('top'), { parent: null, spentUsd: 0.2 });
+    t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.2));
+    t.ok(near((await ledger.conversationSpend('low'))?.tasksUsd, 0), "top's turn is not low's task");
+    // A conversation naming itself has no parent either.
+    await spend(ledger, 'self', 'self', 0.1);
+    t.match(await ledger.conversationSpend('self'), { parent: null, tasksUsd: 0 });
+  });
+
+  t.test(`${factory.kind}: at most ${MAX_ANCESTORS} conversations above one; a deeper one is refused and writes nothing`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.setConversationCap('c0', 'acme', 10);
+    for (let i = 1; i <= MAX_ANCESTORS; i++) await spend(ledger, `c${i}`, `c${i - 1}`, 0.01);
+    t.ok(near((await ledger.conversationSpend('c0'))?.tasksUsd, MAX_ANCESTORS * 0.01), 'the deepest allowed counts at the top');
+    const deep = reservation({ conversation: 'too-deep', parent: `c${MAX_ANCESTORS}`, run: 'deep-run', worstCaseUsd: 0.01 });
+    t.same(await ledger.admit(deep), { ok: false, scope: 'nesting', limitAncestors: MAX_ANCESTORS });
+    t.same(await ledger.admit({ ...deep, worstCaseUsd: null }), { ok: false, scope: 'nesting', limitAncestors: MAX_ANCESTORS }, 'money or not');
+    t.equal(await ledger.conversationSpend('too-deep'), null);
+    t.equal(await ledger.getRun('deep-run'), null);
+    // A conversation that was within the bound is refused once the top gains a parent.
+    await spend(ledger, 'c0', 'above', 0.01);
+    t.match(await ledger.admit(reservation({ conversation: `c${MAX_ANCESTORS}`, run: 'again', worstCaseUsd: 0.01 })), { ok: false, scope: 'nesting' });
+  });
 }
+

@@ -1,11 +1,18 @@
 // Tenants, hashed keys, conversation heads (inference by prefix chain), the ledger export, and
 // migrations, on every store.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { createHash, randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import pg from 'pg';
+import type { Ledger, Reservation } from '../../metering/ledger.js';
 import { PostgresLedger } from '../../metering/stores/postgres-store.js';
-import { migrateSqlite } from '../../metering/stores/migrations-sqlite.js';
+import { SQLITE_MIGRATIONS, migrateSqlite } from '../../metering/stores/migrations-sqlite.js';
+import { POSTGRES_MIGRATIONS } from '../../metering/stores/migrations-postgres.js';
+import { reservationColumns } from '../../metering/stores/ledger-row.js';
+import { openStore } from '../../metering/stores/open-store.js';
 import { prepareSqlite } from '../../metering/stores/sqlite-statements.js';
 import { collect, conversationHead as head, reservation, settlement, storeFactories } from '../helpers/stores.js';
 
@@ -95,7 +102,7 @@ for (const factory of storeFactories(t)) {
     if (store.sqlitePath) {
       const db = new Database(store.sqlitePath, { readonly: true });
       t.teardown(() => db.close());
-      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }, { version: 3 }], 'each migration applied once');
+      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }, { version: 3 }, { version: 4 }], 'each migration applied once');
       t.equal(db.pragma('journal_mode', { simple: true }), 'wal');
     }
   });
@@ -132,10 +139,87 @@ if (pgUrl) {
     await admin.connect();
     const { rows } = await admin.query(`SELECT version FROM ${schema}.schema_version ORDER BY version`);
     await admin.end();
-    t.same(rows, [{ version: 1 }, { version: 2 }], 'each migration applied once');
+    t.same(rows, [{ version: 1 }, { version: 2 }, { version: 3 }], 'each migration applied once');
     t.same(await replicas[3].admit(reservation({ run: 'after-migrate' })), { ok: true });
   });
   t.test('postgres: a schema name that is not a plain SQL name is refused', async (t) => {
     t.throws(() => new PostgresLedger({ url: pgUrl, schema: 'x; DROP TABLE y' }), /store\.schema/);
+  });
+}
+
+/**
+ * A child's turn still in flight in a ledger from before the conversations above a parent were
+ * recorded (SQLite schema 3, PostgreSQL schema 2): its row, its conversation and its parent.
+ */
+function inFlightBeforeUpgrade(r: Reservation) {
+  const { grandparents: _, ...row } = reservationColumns(r, [r.parent!]);
+  const columns = Object.keys(row);
+  return {
+    conversations: `INSERT INTO conversations (id, tenant, parent, cap_usd, reserved_usd)
+      VALUES ('${r.conversation}', 'acme', '${r.parent}', NULL, ${r.worstCaseUsd}), ('${r.parent}', 'acme', NULL, 1, ${r.worstCaseUsd})`,
+    columns,
+    values: columns.map((c) => row[c]!),
+  };
+}
+
+/** After the upgrade the old row settles on its parent, and a grandchild counts at the top. */
+async function settlesAfterUpgrade(t: Test, ledger: Ledger, r: Reservation) {
+  await ledger.settle(r.id, settlement(r, 10, { costUsd: 0.2 }));
+  t.match(await ledger.conversationSpend('top'), { reservedUsd: 0, tasksUsd: 0.2 });
+  t.match(await ledger.conversationSpend('mid'), { reservedUsd: 0, spentUsd: 0.2 });
+  const g = reservation({ conversation: 'low', parent: 'mid', run: 'low-run', worstCaseUsd: 0.9 });
+  t.match(await ledger.admit(g), { ok: false, scope: 'parent', limitUsd: 1 }, "the top's cap holds two levels down");
+  const fits = { ...g, worstCaseUsd: 0.1 };
+  t.same(await ledger.admit(fits), { ok: true });
+  await ledger.settle(fits.id, settlement(fits, 10, { costUsd: 0.1 }));
+  t.ok(Math.abs((await ledger.conversationSpend('top'))!.tasksUsd - 0.3) < 1e-9);
+}
+
+t.test('sqlite: a ledger file from before grandparents were recorded upgrades, and its open rows settle', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-upgrade-'));
+  const path = join(dir, 'ledger.db');
+  const r = reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.5 });
+  const old = new Database(path);
+  old.exec('CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)');
+  for (const m of SQLITE_MIGRATIONS.filter((m) => m.version <= 3)) {
+    old.exec(m.sql);
+    old.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, 0)').run(m.version);
+  }
+  const before = inFlightBeforeUpgrade(r);
+  old.exec(before.conversations);
+  old.prepare(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map(() => '?').join(', ')})`).run(...before.values);
+  old.close();
+  const ledger = await openStore({ kind: 'sqlite', path });
+  t.teardown(async () => {
+    await ledger.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  await settlesAfterUpgrade(t, ledger, r);
+});
+
+if (pgUrl) {
+  t.test('postgres: a ledger from before grandparents were recorded upgrades, and its open rows settle', async (t) => {
+    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+    const admin = new pg.Client({ connectionString: pgUrl });
+    await admin.connect();
+    let ledger: Ledger | null = null;
+    t.teardown(async () => {
+      await ledger?.close();
+      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await admin.end();
+    });
+    const r = reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.5 });
+    await admin.query(`CREATE SCHEMA ${schema}`);
+    await admin.query(`SET search_path TO ${schema}`);
+    await admin.query('CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL)');
+    for (const m of POSTGRES_MIGRATIONS.filter((m) => m.version <= 2)) {
+      await admin.query(m.sql);
+      await admin.query('INSERT INTO schema_version (version, applied_at) VALUES ($1, 0)', [m.version]);
+    }
+    const before = inFlightBeforeUpgrade(r);
+    await admin.query(before.conversations);
+    await admin.query(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map((_, i) => `$${i + 1}`).join(', ')})`, before.values);
+    ledger = await openStore({ kind: 'postgres', url: pgUrl, schema });
+    await settlesAfterUpgrade(t, ledger, r);
   });
 }

@@ -1,6 +1,7 @@
 // A conversation cap set by the operator before the first request (SPEC §6, §7, §11): requests go
 // until the next one's worst case would cross it, then a 402 `conversation_cap_reached` with the
-// figures and the three choices, marked not to be retried. A child shares its parent's cap.
+// figures and the three choices, marked not to be retried. A child shares its parent's cap, and a
+// child of a child every cap above it (ADR 0018).
 
 import t from 'tap';
 import { ADMIN, ALICE, admission, call, chat, close, costHeader, listUsd, moneyWorld, type ErrorBody } from './money-fixture.js';
@@ -123,4 +124,74 @@ t.test('a child sent while its parent is past its cap does not start', async (t)
     t.match(plan.budgets, { parent: { limit_usd: 0.25 } });
   }
   t.equal(metered.requests.length, seen, 'no escape reached the provider');
+});
+
+// Regression (outside audit): a grandchild — a child of a child — was held by no cap but its own
+// parent's, and its spend never reached the top. Three grandchildren spent $0.90 past a $0.50 cap
+// while the top conversation's `tasks_usd` stayed at the one child's $0.30.
+t.test('a child of a child is held by the top conversation cap, and its spend counts there', async (t) => {
+  const { gw, metered } = await moneyWorld(t, { metered: { providerCost: 0.3, completionTokens: 1 } });
+  const step = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'one step' }], max_tokens: 1 };
+  const as = (conversation: string, parent?: string) => ({
+    'x-tollgate-conversation': conversation,
+    ...(parent ? { 'x-tollgate-parent': parent } : {}),
+  });
+  const spendOf = async (id: string) => (await call(gw.url, 'GET', `/v1/conversations/${id}/spend`, { authorization: `Bearer ${ALICE}` })).body;
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/P1/cap', ADMIN, { cap_usd: 0.5 })).status, 200);
+
+  // 1. The top conversation and one child each spend $0.30: the family is at $0.60 of $0.50.
+  t.equal((await chat(gw, ALICE, step, as('P1'))).status, 200);
+  t.equal((await chat(gw, ALICE, step, as('C1', 'P1'))).status, 200);
+  // 2. Another child does not start.
+  t.equal((await chat(gw, ALICE, step, as('C2', 'P1'))).status, 402);
+  const seen = metered.requests.length;
+  // 3. Nor does a grandchild: it shares its parent's cap, and so its parent's parent's.
+  for (const g of ['G0', 'G1', 'G2']) {
+    const r = await chat(gw, ALICE, step, as(g, 'C1'));
+    t.equal(r.status, 402, g);
+    t.match(r.body, { error: { code: 'conversation_cap_reached', scope: 'parent', limit_usd: 0.5 } });
+    const spent = (r.body as unknown as ErrorBody).error?.spent_usd ?? NaN;
+    t.ok(close(spent, 0.6), `spent_usd ${spent}`);
+  }
+  t.equal(metered.requests.length, seen, 'no grandchild reached the provider');
+  // 4. /v1/admission says the same for a grandchild.
+  const plan = await admission(gw, ALICE, step, as('G3', 'C1'));
+  t.match(plan.verdict, { admit: false, status: 402 });
+  t.equal(plan.max_affordable_allowance, 0);
+
+  // 5. With room again, a grandchild's and a great-grandchild's spend count in the tasks_usd of
+  // every conversation above them.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/P1/cap', ADMIN, { cap_usd: 1 })).status, 200);
+  t.equal((await chat(gw, ALICE, step, as('G0', 'C1'))).status, 200);
+  t.equal((await chat(gw, ALICE, step, as('H0', 'G0'))).status, 200, 'the family was at $0.90 of $1');
+  t.match(await spendOf('H0'), { spent_usd: 0.3, tasks_usd: 0 });
+  t.match(await spendOf('G0'), { spent_usd: 0.3, tasks_usd: 0.3 });
+  t.ok(close((await spendOf('C1')).tasks_usd as number, 0.6), 'the child: its child and grandchild');
+  t.ok(close((await spendOf('P1')).tasks_usd as number, 0.9), 'the top: every conversation below');
+  const late = await chat(gw, ALICE, step, as('G1', 'C1'));
+  t.equal(late.status, 402, 'the family is at $1.20 of $1');
+  t.match(late.body, { error: { scope: 'parent', limit_usd: 1 } });
+});
+
+t.test('a conversation nested more than 16 deep is refused with a 400 naming x-tollgate-parent', async (t) => {
+  const { gw, other } = await moneyWorld(t);
+  const step = { model: 'llama-local', messages: [{ role: 'user', content: 'one step' }], max_tokens: 1 };
+  // 1. n0 ← n1 ← … ← n16: sixteen conversations above the deepest, the most a request may have.
+  t.equal((await chat(gw, ALICE, step, { 'x-tollgate-conversation': 'n0' })).status, 200);
+  for (let i = 1; i <= 16; i++) {
+    t.equal((await chat(gw, ALICE, step, { 'x-tollgate-conversation': `n${i}`, 'x-tollgate-parent': `n${i - 1}` })).status, 200, `n${i}`);
+  }
+  // 2. One more level is refused before anything reaches a model — even one that costs nothing.
+  const seen = other.requests.length;
+  const deep = { 'x-tollgate-conversation': 'n17', 'x-tollgate-parent': 'n16' };
+  const r = await chat(gw, ALICE, step, deep);
+  t.equal(r.status, 400);
+  t.equal(r.headers.get('x-should-retry'), 'false');
+  t.match(r.body, { error: { code: 'invalid_request', type: 'invalid_request_error', param: 'x-tollgate-parent', limit: 16 } });
+  t.match((r.body as unknown as ErrorBody).error.message, /more than 16 conversations above it/);
+  t.equal(other.requests.length, seen);
+  // 3. /v1/admission gives the same verdict.
+  const plan = await admission(gw, ALICE, step, deep);
+  t.match(plan.verdict, { admit: false, status: 400, error: { error: { param: 'x-tollgate-parent' } } });
+  t.equal(plan.max_affordable_allowance, 0);
 });
