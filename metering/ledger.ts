@@ -45,7 +45,10 @@ export type AdmitRefusal =
   | {
       ok: false;
       scope: 'conversation' | 'parent' | 'monthly';
+      /** Settled spend counted against the limit (a conversation's includes its tree's). */
       spentUsd: number;
+      /** Worst cases reserved by requests still in flight, counted against it too. */
+      reservedUsd: number;
       limitUsd: number;
       neededUsd: number;
     }

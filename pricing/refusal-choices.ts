@@ -27,7 +27,10 @@ export interface MoneyRefusal {
 
 export interface MoneyRefusalInput {
   scope: LimitScope;
+  /** Settled spend against the limit. */
   spentUsd: number;
+  /** Reserved by requests still in flight (default 0): counted against the limit, not yet spent. */
+  reservedUsd?: number;
   limitUsd: number;
   neededUsd: number;
   cheaperModels: CheaperModel[];
@@ -44,7 +47,7 @@ export function raiseToFor(scope: LimitScope, limitUsd: number, spentUsd: number
 
 export function refusalChoices(input: MoneyRefusalInput): RefusalChoices {
   return {
-    raise_to_usd: raiseToFor(input.scope, input.limitUsd, input.spentUsd, input.neededUsd),
+    raise_to_usd: raiseToFor(input.scope, input.limitUsd, input.spentUsd + (input.reservedUsd ?? 0), input.neededUsd),
     cheaper_models: input.cheaperModels,
     stop: true,
   };
@@ -72,29 +75,36 @@ function figuresText(...usd: number[]): string[] {
 }
 
 /** The sentence a person reads: which limit, what was spent of it, what this request needs. */
-export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number): string {
+export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number, reservedUsd = 0): string {
   const name = LIMIT_NAME[scope];
   // A request larger than the whole limit could never pass, however little was spent: say so.
   if (neededUsd > limitUsd) {
     const [needs, limit] = figuresText(neededUsd, limitUsd);
     return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${limit}`;
   }
-  const [spent, limit, needs] = figuresText(spentUsd, limitUsd, neededUsd);
   const month = scope === 'monthly' ? ' this month' : '';
+  if (reservedUsd > 0) {
+    // Requests still running hold part of the limit: said apart from what was spent.
+    const [spent, limit, needs, held] = figuresText(spentUsd, limitUsd, neededUsd, reservedUsd);
+    return `${name.reached}: spent ${spent} of ${limit}${month} and ${held} is held by requests still running, this request needs up to ${needs}`;
+  }
+  const [spent, limit, needs] = figuresText(spentUsd, limitUsd, neededUsd);
   return `${name.reached}: spent ${spent} of ${limit}${month}, this request needs up to ${needs}`;
 }
 
 /** `conversation_cap_reached` (own or parent's cap) or `monthly_budget_reached`, 402. */
 export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
   const { scope, spentUsd, limitUsd, neededUsd } = input;
+  const reservedUsd = input.reservedUsd ?? 0;
   return {
     status: 402,
     code: scope === 'monthly' ? 'monthly_budget_reached' : 'conversation_cap_reached',
-    message: moneyRefusalMessage(scope, spentUsd, limitUsd, neededUsd),
+    message: moneyRefusalMessage(scope, spentUsd, limitUsd, neededUsd, reservedUsd),
     param: null,
     details: {
       scope,
       spent_usd: roundUsd(spentUsd),
+      reserved_usd: roundUsd(reservedUsd),
       limit_usd: roundUsd(limitUsd),
       needed_usd: roundUsd(neededUsd),
       // The same figures under the names SPEC §6 gives them: spent, cap (or budget), needed — USD.

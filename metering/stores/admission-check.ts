@@ -40,9 +40,9 @@ function capRefusal(
   needed: number,
 ): AdmitResult | null {
   if (s.capUsd === null) return null;
-  const committed = s.spentUsd + s.tasksUsd + s.reservedUsd;
-  if (committed + needed <= s.capUsd + USD_EPSILON) return null;
-  return { ok: false, scope, spentUsd: committed, limitUsd: s.capUsd, neededUsd: needed };
+  const spent = s.spentUsd + s.tasksUsd;
+  if (spent + s.reservedUsd + needed <= s.capUsd + USD_EPSILON) return null;
+  return { ok: false, scope, spentUsd: spent, reservedUsd: s.reservedUsd, limitUsd: s.capUsd, neededUsd: needed };
 }
 
 /** The first budget the reservation would cross, or `{ok: true}`. */
@@ -73,7 +73,8 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
       return {
         ok: false,
         scope: 'monthly',
-        spentUsd: committed,
+        spentUsd: s.month.spentUsd,
+        reservedUsd: s.month.reservedUsd,
         limitUsd: s.monthlyBudgetUsd,
         neededUsd: needed,
       };

@@ -66,6 +66,7 @@ export function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { s
   const refusal = moneyRefusal({
     scope: r.scope,
     spentUsd: r.spentUsd,
+    reservedUsd: r.reservedUsd,
     limitUsd: r.limitUsd,
     neededUsd: r.neededUsd,
     cheaperModels: cheaperModels({

@@ -27,7 +27,7 @@ for (const factory of storeFactories(t)) {
     t.equal((await ledger.conversationSpend('conv-cap'))?.tenant, 'acme');
     // 3. A second request while the first is in flight: 0.6 reserved + 0.5 > 1.
     const b = reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 0.5 });
-    t.same(await ledger.admit(b), { ok: false, scope: 'conversation', spentUsd: 0.6, limitUsd: 1, neededUsd: 0.5 });
+    t.same(await ledger.admit(b), { ok: false, scope: 'conversation', spentUsd: 0, reservedUsd: 0.6, limitUsd: 1, neededUsd: 0.5 }, 'in flight, not spent');
     // 4. Settling the first at its real cost frees the difference.
     await ledger.settle(a.id, settlement(a, 10, { costUsd: 0.25, savedUsd: 0.05 }));
     t.same(await ledger.admit(b), { ok: true });
@@ -83,7 +83,8 @@ for (const factory of storeFactories(t)) {
     t.same(await ledger.admit(reservation({ run: 'm1', worstCaseUsd: 0.75 })), {
       ok: false,
       scope: 'monthly',
-      spentUsd: 1.5,
+      spentUsd: 0,
+      reservedUsd: 1.5,
       limitUsd: 2,
       neededUsd: 0.75,
     });

@@ -81,6 +81,7 @@ export interface ErrorBody {
     param: string | null;
     code: string;
     spent_usd?: number;
+    reserved_usd?: number;
     limit_usd?: number;
     needed_usd?: number;
     scope?: string;

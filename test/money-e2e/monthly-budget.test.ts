@@ -41,7 +41,7 @@ t.test('200 concurrent requests never overspend the monthly budget', async (t) =
   const errors = refused.map((r) => (r.body as unknown as ErrorBody).error);
   t.same([...new Set(errors.map((e) => e.code))], ['monthly_budget_reached']);
   t.ok(refused.every((r) => r.headers.get('x-should-retry') === 'false'));
-  t.ok(errors.every((e) => e.limit_usd === budget && e.spent_usd! + e.needed_usd! > budget + 1e-9));
+  t.ok(errors.every((e) => e.limit_usd === budget && e.spent_usd! + e.reserved_usd! + e.needed_usd! > budget + 1e-9));
   const choices = errors[0].choices!;
   t.same(choices.cheaper_models.map((m) => m.model), ['llama-local', 'plan-model']);
   // Half again the budget, rounded up to a figure a person would pick.

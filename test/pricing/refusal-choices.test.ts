@@ -12,6 +12,7 @@ t.test('conversation_cap_reached: exact figures, numbers in details, three choic
   t.same(r.details, {
     scope: 'conversation',
     spent_usd: 1.84,
+    reserved_usd: 0,
     limit_usd: 2,
     needed_usd: 0.31,
     spent: 1.84,
@@ -75,4 +76,11 @@ t.test('figures that two decimals would make read alike get more decimals, in th
     moneyRefusal({ scope: 'monthly', spentUsd: 9.996, limitUsd: 10, neededUsd: 0.02, cheaperModels: [] }).message,
     'monthly budget reached: spent $9.996 of $10.000 this month, this request needs up to $0.020',
   );
+});
+
+t.test('a limit partly held by requests still running says so apart from what was spent', async (t) => {
+  const r = moneyRefusal({ scope: 'conversation', spentUsd: 0.5, reservedUsd: 0.3, limitUsd: 1, neededUsd: 0.4, cheaperModels: [] });
+  t.equal(r.message, 'conversation cap reached: spent $0.50 of $1.00 and $0.30 is held by requests still running, this request needs up to $0.40');
+  t.match(r.details, { spent_usd: 0.5, reserved_usd: 0.3, needed_usd: 0.4, spent: 0.5 });
+  t.equal((r.details.choices as { raise_to_usd: number }).raise_to_usd, 2, 'twice the cap admits it (0.5 + 0.3 + 0.4)');
 });
