@@ -103,7 +103,7 @@ const route: FastifyPluginAsync = async (app) => {
     let refusal = allowanceRefusal ?? (await precheck(gw, plan));
     if (!refusal) {
       const r = checkAdmission(reservationOf(plan), budgets.state);
-      if (!r.ok) refusal = refusalError(gw, plan, r);
+      if (!r.ok) refusal = await refusalError(gw, plan, r);
     }
     return {
       endpoint: call.endpoint,

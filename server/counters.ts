@@ -7,7 +7,7 @@ import type { Config } from './config.js';
 import type { TiktokenEncoding } from '@dqbd/tiktoken';
 import type { Upstream, UpstreamRegistry } from './upstreams.js';
 import type { TokenCounter } from '../metering/types.js';
-import { createCounters, encodingForModel, fetchContextWindow, MODEL_PREFIXES } from '../metering/tokenizers/index.js';
+import { createCounters, encodingForModel, fetchServerProps, MODEL_PREFIXES, type ServerProps } from '../metering/tokenizers/index.js';
 import type { TokenCache } from '../metering/token-cache.js';
 
 const WINDOW_REFRESH_MS = 60_000;
@@ -17,13 +17,29 @@ export interface Counters {
   readonly estimate: TokenCounter;
   readonly cache: TokenCache;
   contextWindow(upstream: Upstream, model: string): Promise<number | null>;
+  /** The model name a llama.cpp server reports serving (its /props, learnt with the window); else null. */
+  servedModel(upstream: Upstream): Promise<string | null>;
   /** Ends the tokenizer worker threads (ADR 0009); the app calls it on close. */
   close(): Promise<void>;
 }
 
 export function gatewayCounters(config: Config, clock: () => number): Counters {
   const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes, workers: config.tokenCache.workers });
-  const learnt = new Map<string, { window: number | null; at: number }>();
+  const learnt = new Map<string, { props: ServerProps; at: number }>();
+  /** A llama.cpp server's /props, refreshed now and then; the last known (or nothing) if it is down. */
+  const propsOf = async (upstream: Upstream): Promise<ServerProps | null> => {
+    const now = clock();
+    const known = learnt.get(upstream.name);
+    if (known && now - known.at < WINDOW_REFRESH_MS) return known.props;
+    try {
+      const props = await fetchServerProps(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined });
+      learnt.set(upstream.name, { props, at: now });
+      return props;
+    } catch {
+      // Unknown is null, never a guess; the server's own 400 still guards its window.
+      return known?.props ?? null;
+    }
+  };
   const ref = (u: Upstream) => ({ kind: u.config.kind, baseUrl: u.config.baseUrl, dispatcher: u.dispatcher, apiKey: u.apiKey ?? undefined });
   return {
     estimate: inner.fallback,
@@ -33,17 +49,11 @@ export function gatewayCounters(config: Config, clock: () => number): Counters {
     async contextWindow(upstream) {
       if (upstream.config.contextWindow !== null) return upstream.config.contextWindow;
       if (upstream.config.kind !== 'llamacpp') return null;
-      const now = clock();
-      const known = learnt.get(upstream.name);
-      if (known && now - known.at < WINDOW_REFRESH_MS) return known.window;
-      try {
-        const window = await fetchContextWindow(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined });
-        learnt.set(upstream.name, { window, at: now });
-        return window;
-      } catch {
-        // Unknown is null, never a guess; the server's own 400 still guards its window.
-        return known?.window ?? null;
-      }
+      return (await propsOf(upstream))?.contextWindow ?? null;
+    },
+    async servedModel(upstream) {
+      if (upstream.config.kind !== 'llamacpp') return null;
+      return (await propsOf(upstream))?.modelAlias ?? null;
     },
   };
 }

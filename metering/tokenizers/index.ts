@@ -11,7 +11,7 @@ import { CountPool } from './count-pool.js';
 
 export { CountPool, CountPoolError, type CountPoolStats } from './count-pool.js';
 export { BYTES_PER_ESTIMATED_TOKEN, ByteEstimateCounter, estimateTokens } from './byte-estimate.js';
-export { fetchContextWindow, LlamaCppCounter, LlamaCppCountError } from './llamacpp-counter.js';
+export { fetchContextWindow, fetchServerProps, LlamaCppCounter, LlamaCppCountError, type ServerProps } from './llamacpp-counter.js';
 export { encodingForModel, MODEL_PREFIXES, TiktokenCounter } from './tiktoken-counter.js';
 export { loadEncoders } from './bounded-encode.js';
 

@@ -170,9 +170,17 @@ export class LlamaCppCounter implements TokenCounter {
 
 interface PropsResponse {
   default_generation_settings?: { n_ctx?: unknown };
+  model_alias?: unknown;
 }
 
-const contextWindows = new Map<string, number | null>();
+/** What the gateway reads from a llama.cpp server's `GET /props`. */
+export interface ServerProps {
+  contextWindow: number | null;
+  /** The name the server serves its model under (`--alias`, else the file name), or null. */
+  modelAlias: string | null;
+}
+
+const serverProps = new Map<string, ServerProps>();
 
 /**
  * The per-slot context window: `GET /props` → `default_generation_settings.n_ctx`. Not a top-level
@@ -185,14 +193,28 @@ export async function fetchContextWindow(
   baseUrl: string,
   opts: { refresh?: boolean; apiKey?: string; signal?: AbortSignal } = {},
 ): Promise<number | null> {
-  if (opts.refresh !== true && contextWindows.has(baseUrl)) return contextWindows.get(baseUrl) ?? null;
+  return (await fetchServerProps(dispatcher, baseUrl, opts)).contextWindow;
+}
+
+/** The server's context window and model name, from one `GET /props` (cached like the window). */
+export async function fetchServerProps(
+  dispatcher: Dispatcher,
+  baseUrl: string,
+  opts: { refresh?: boolean; apiKey?: string; signal?: AbortSignal } = {},
+): Promise<ServerProps> {
+  const known = serverProps.get(baseUrl);
+  if (opts.refresh !== true && known !== undefined) return known;
   const props = await postJson<PropsResponse>(dispatcher, baseUrl, '/props', undefined, {
     method: 'GET',
     apiKey: opts.apiKey,
     signal: opts.signal,
   });
   const n = props.default_generation_settings?.n_ctx;
-  const window = typeof n === 'number' && Number.isInteger(n) && n > 0 ? n : null;
-  contextWindows.set(baseUrl, window);
-  return window;
+  const alias = props.model_alias;
+  const read: ServerProps = {
+    contextWindow: typeof n === 'number' && Number.isInteger(n) && n > 0 ? n : null,
+    modelAlias: typeof alias === 'string' && alias.length > 0 ? alias : null,
+  };
+  serverProps.set(baseUrl, read);
+  return read;
 }

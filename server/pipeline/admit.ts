@@ -9,6 +9,7 @@ import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, type LimitScope } from '../../pricing/cheaper-models.js';
 import type { Plan } from './plan.js';
+import { globToRegExp, type Upstream } from '../upstreams.js';
 import { conversationFamily } from './budgets.js';
 
 export function reservationOf(plan: Plan): Reservation {
@@ -58,9 +59,24 @@ async function moneyLimitApplies(gw: Gateway, plan: Plan): Promise<boolean> {
   return conv?.capUsd != null || ancestors.some((a) => a?.capUsd != null) || tenant?.monthlyBudgetUsd != null;
 }
 
-export function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): GatewayError {
+/**
+ * The name a llama.cpp upstream configured by pattern (`*`) serves its model under, as its /props
+ * reports it (read with its context window, no other call): a pattern is no model a client can
+ * pick, but this name is. Nothing for OpenAI-kind upstreams, whose lists are not asked for.
+ */
+async function servedByPattern(gw: Gateway, u: Upstream): Promise<string[]> {
+  const patterns = u.config.models.filter((m) => /[*?]/.test(m));
+  if (patterns.length === 0) return [];
+  const name = await gw.counters.servedModel(u);
+  if (name === null || !patterns.some((p) => globToRegExp(p).test(name)) || gw.upstreams.route(name) !== u) return [];
+  return [name];
+}
+
+export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): Promise<GatewayError> {
+  // Names configured exactly, and the one a llama.cpp server configured by pattern reports serving.
+  const served = await Promise.all(gw.upstreams.list.map((u) => servedByPattern(gw, u)));
   const candidates = candidatesFromUpstreams(
-    gw.upstreams.list.map((u) => ({ name: u.name, models: u.config.models, billing: u.billing, tools: u.config.tools })),
+    gw.upstreams.list.map((u, i) => ({ name: u.name, models: [...u.config.models, ...served[i]!], billing: u.billing, tools: u.config.tools })),
     (model) => gw.prices.lookup(model),
   );
   const refusal = moneyRefusal({
@@ -92,7 +108,7 @@ export function nestingError(plan: Plan, limit: number): GatewayError {
 }
 
 /** The error a refused admission answers with (the real request and /v1/admission alike). */
-export function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): GatewayError {
+export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Promise<GatewayError> {
   if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan);
   if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
   return moneyError(gw, plan, r);
@@ -118,5 +134,5 @@ export async function admit(gw: Gateway, plan: Plan): Promise<void> {
     gw.inFlight.add(plan.id);
     return;
   }
-  throw refusalError(gw, plan, result);
+  throw await refusalError(gw, plan, result);
 }

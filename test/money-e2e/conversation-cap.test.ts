@@ -195,3 +195,27 @@ t.test('a conversation nested more than 16 deep is refused with a 400 naming x-t
   t.match(plan.verdict, { admit: false, status: 400, error: { error: { param: 'x-tollgate-parent' } } });
   t.equal(plan.max_affordable_allowance, 0);
 });
+
+t.test('an upstream configured by pattern offers the model it reports serving as a cheaper choice', async (t) => {
+  const { startOpenAiDouble } = await import('../doubles/openai.js');
+  const { startLlamaCppDouble } = await import('../doubles/llamacpp.js');
+  const { startGateway, llamaUpstream } = await import('../helpers/gateway.js');
+  const metered = await startOpenAiDouble({ completionTokens: 4 });
+  t.teardown(metered.close);
+  const local = await startLlamaCppDouble();
+  t.teardown(local.close);
+  // The spec's own example: a local llama.cpp server taking every name (`*`), a metered provider for gpt-*.
+  const gw = await startGateway(t, {
+    upstreams: [
+      llamaUpstream(local.url),
+      { name: 'openai', kind: 'openai', baseUrl: `${metered.url}/v1`, apiKeyEnv: 'DOUBLE_KEY', models: ['gpt-*'], billing: 'metered', contextWindow: 128000 },
+    ],
+  });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/tiny-cap/cap', ADMIN, { cap_usd: 0.0001 })).status, 200);
+  const res = await call(gw.url, 'POST', '/v1/chat/completions', { 'x-tollgate-conversation': 'tiny-cap' }, { model: 'gpt-4o', messages: [{ role: 'user', content: 'Hello there' }], max_tokens: 50 });
+  t.equal(res.status, 402);
+  const error = (res.body as unknown as ErrorBody).error;
+  t.equal(error.code, 'conversation_cap_reached');
+  t.same(error.choices!.cheaper_models, [{ model: 'tiny.gguf', billing: 'local', upstream: 'local', tools: true }], 'the model the llama.cpp server reports (its /props), not its pattern');
+  t.equal(metered.requests.length, 0, 'nothing reached the provider, not even a question about its models');
+});
