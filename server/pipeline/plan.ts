@@ -7,7 +7,7 @@ import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import type { ValidRequest } from './endpoints.js';
-import type { ChatCount, ChatMessage, KnownPrefix } from '../../metering/types.js';
+import type { ChatCount, ChatMessage, KnownPrefix, TokenCounter } from '../../metering/types.js';
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
@@ -98,7 +98,8 @@ function toolHashOf(valid: ValidRequest): string {
 
 /**
  * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
- * counts the final-answer request instead: its messages, and no tools.
+ * counts the final-answer request instead: its messages, and no tools. `exact` is the tokenizer's
+ * exact second counter, when the plan needs one.
  */
 async function countAll(
   gw: Gateway,
@@ -106,7 +107,7 @@ async function countAll(
   valid: ValidRequest,
   finalMessages?: ChatMessage[],
   known?: KnownPrefix,
-  counter = gw.counters.forModel(upstream, valid.model),
+  exact?: TokenCounter,
 ): Promise<RowCounts> {
   const body = valid.body;
   const request =
@@ -116,8 +117,13 @@ async function countAll(
         ? { messages: finalMessages }
         : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, known };
   try {
-    return await countRows(valid.kind, valid.model, request, counter);
+    return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model));
   } catch (err) {
+    // The exact count failed (its worker died): the first count stands, upper bound and all.
+    if (exact) {
+      gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'exact count failed, using the first count');
+      return countAll(gw, upstream, valid, finalMessages, known);
+    }
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
     gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'tokenizer unavailable, using byte estimate');

@@ -109,3 +109,13 @@ t.test('request_tokens_exceeded and context_window_exceeded decide on the exact 
   t.equal(over.body.error.count_method, 'tiktoken:o200k_base');
   t.equal(upstream.requests.length, 2);
 });
+
+t.test('an exact count that fails leaves the first count standing, not the byte estimate', async (t) => {
+  const { gw, post } = await setup(t, { limits: { maxRowTokens: 40 } });
+  // The exact count runs in the worker pool: with the pool closed it fails.
+  await gw.app.gateway.counters.close();
+  const res = await post('/v1/completions', { model: 'gpt-4o-mini', prompt: a300, max_tokens: 1 });
+  t.equal(res.status, 413);
+  t.equal(res.body.error.row_tokens, 44, 'the first count, 44, not 300 bytes ÷ 4');
+  t.equal(res.body.error.count_method, 'tiktoken:o200k_base:upper-bound');
+});
