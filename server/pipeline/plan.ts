@@ -47,6 +47,8 @@ export interface Plan {
   bounds: RunBounds;
   chain: string[];
   chatCount: ChatCount | null;
+  /** The exact second counter counted this plan (ADR 0018): a count still an upper bound stays one. */
+  countedExactly: boolean;
   toolHash: string;
   sharedPrefixTokens: number;
   promptCharge: number;
@@ -135,7 +137,7 @@ async function countAll(
  * Whether a request is small enough for the exact second count: its texts, as JSON, within the
  * recount's budget, so that one request never costs the worker more than about half a second.
  */
-function recountable(valid: ValidRequest): boolean {
+export function recountable(valid: ValidRequest): boolean {
   const texts = valid.kind === 'chat' ? [valid.messages, valid.tools] : valid.kind === 'completions' ? valid.body.prompt : valid.body.input;
   return JSON.stringify(texts ?? null).length <= EXACT_RECOUNT_BUDGET;
 }
@@ -188,6 +190,11 @@ export interface PlanOptions {
    * conversation than it would have without the admission call.)
    */
   dryRun?: boolean;
+  /**
+   * Count with the exact second counter from the start (ADR 0018): for a plan whose budget
+   * decision rested on an upper bound (server/pipeline/plan-exact.ts).
+   */
+  exact?: boolean;
 }
 
 export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers, opts: PlanOptions = {}): Promise<Plan> {
@@ -204,7 +211,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const memoScope = principal.keyId ?? `tenant:${principal.tenant}`;
   const remembered = messages ? gw.prefixMemo.match(memoScope, messages) : null;
   const known = remembered?.counts ? { messages: remembered.length, ...remembered.counts } : undefined;
-  let counted = await countAll(gw, upstream, valid, undefined, known);
+  const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined);
+  // Every count of this plan uses it once it is needed (the final-answer request's too).
+  let counter = opts.exact ? exactCounter() : undefined;
+  let counted = await countAll(gw, upstream, valid, undefined, known, counter);
   const rowsOf = (c: RowCounts) =>
     planRows({
       kind: valid.kind,
@@ -218,11 +228,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     });
   let rows = rowsOf(counted);
   let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
-  // A refusal on an upper bound gets a second, exact count first where one stays linear (a large
-  // minified JSON tool result): refused only when the true count is too large too.
-  const exactly = sizeRefusal && counted.upperBound && recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
-  if (exactly) {
-    counted = await countAll(gw, upstream, valid, undefined, known, exactly);
+  // A refusal on an upper bound gets a second, exact count first where the request is small
+  // enough (ADR 0010, 0018): refused only when the true count is too large too.
+  if (sizeRefusal && counted.upperBound && counter === undefined) counter = exactCounter();
+  if (sizeRefusal && counted.upperBound && counter !== undefined) {
+    counted = await countAll(gw, upstream, valid, undefined, known, counter);
     rows = rowsOf(counted);
     sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
@@ -296,7 +306,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       finalReason = decision.reason;
       forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
       const finalMessages = forwardBody.messages as ChatMessage[];
-      counted = await countAll(gw, upstream, valid, finalMessages);
+      counted = await countAll(gw, upstream, valid, finalMessages, undefined, counter);
       // The gateway removed the tools itself: the leading messages are still what the model read
       // before, so the charge is measured on messages alone (ADR 0004).
       const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
@@ -357,6 +367,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     bounds,
     chain,
     chatCount: counted.chat,
+    countedExactly: counter !== undefined,
     toolHash,
     sharedPrefixTokens: shared,
     promptCharge,
