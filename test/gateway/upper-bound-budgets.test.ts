@@ -1,7 +1,8 @@
 // Regression: budgets decided on an upper bound. A prompt holding a run without spaces that is one
 // long pre-token (2,000 × `=`: 31 tokens, a bound of 49) was refused by the run token budget or the
 // monthly budget, or sent as the run's final answer, on the bound alone. A budget decision that
-// rests on a bound is now taken again on the exact count (ADR 0018), and /v1/admission agrees.
+// rests on a bound is now taken again on the exact count (ADR 0018), and /v1/admission agrees;
+// past the second count's budget the bound still refuses, and the message says it is one.
 
 import t, { type Test } from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
@@ -101,4 +102,20 @@ t.test('a run is not sent as its final answer for want of tokens that only the b
   t.equal(res.status, 200);
   t.equal(res.headers.get('x-tollgate-notice'), null, 'no final-answer notice');
   t.ok(upstream.requests[0]?.body?.tools, 'the tools were sent: a normal round');
+});
+
+t.test('past the exact budget the run budget refuses on the bound, and the message says it is one', async (t) => {
+  const { upstream, post, plan } = await setup(t, { limits: { maxRowTokens: 100_000 }, runs: { tokenBudget: 1000 } });
+  // One pre-token of 300,000 characters: more than the second count encodes per text.
+  const request = { model: 'gpt-4o', messages: [{ role: 'user', content: 'x'.repeat(300_000) }], max_tokens: 8 };
+  const res = await post('/v1/chat/completions', request);
+  t.equal(res.status, 402);
+  t.equal(res.body.error.code, 'token_budget_exhausted');
+  t.match(
+    res.body.error.message,
+    /^run token budget: this request needs up to \d+ tokens \(prompt up to \d+ \+ max output 8\), more than the run's whole budget of 1000 tokens \(the prompt is an upper bound: text without spaces too long to count exactly\)$/,
+  );
+  t.equal(res.body.error.count_method, 'tiktoken:o200k_base:upper-bound');
+  t.same((await plan('/v1/chat/completions', request)).verdict.error, res.body, 'admission gives the same envelope');
+  t.equal(upstream.requests.length, 0);
 });

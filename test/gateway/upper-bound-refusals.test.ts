@@ -2,7 +2,8 @@
 // A run without spaces that is one long pre-token (60,000 random A/C/G/T characters, 300 × `a`,
 // 2,000 × `=`) is cut by the first count, which gives an upper bound; the exact second count
 // before a refusal cut it the same way, so the bound decided. Now the second count counts such
-// pre-tokens exactly (ADR 0018) before a size refusal, and /v1/admission agrees.
+// pre-tokens exactly (ADR 0018) before a size refusal, and /v1/admission agrees. Only past its
+// budget does a bound still refuse, and the message says so.
 
 import t, { type Test } from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
@@ -56,7 +57,7 @@ t.test('default limits: 60,000 random A/C/G/T characters (a bound of 56,105) are
   t.equal(upstream.requests.length, 1);
 });
 
-t.test('maxRowTokens 40: rows within it go, a row over it is refused with its exact figure', async (t) => {
+t.test('maxRowTokens 40: rows within it go, a row over it is refused with its exact figure, a bound only past the budget', async (t) => {
   const { upstream, post, plan } = await setup(t, { limits: { maxRowTokens: 40 } });
   // 1. 300 × a is 38 tokens (bound 44), 2,000 × = is 31 (bound 49): both go.
   t.same([tokens(a300), tokens(eq2000)], [38, 31]);
@@ -85,6 +86,15 @@ t.test('maxRowTokens 40: rows within it go, a row over it is refused with its ex
   });
   t.same((await plan('/v1/completions', over)).verdict.error, refused.body, 'admission gives the same envelope');
 
+  // 3. One pre-token of 300,000 characters, more than the second count encodes per text: the
+  // bound refuses, and the message and the label say it is one.
+  const huge = { model: 'gpt-4o-mini', prompt: 'x'.repeat(300_000), max_tokens: 1 };
+  const bound = await post('/v1/completions', huge);
+  t.equal(bound.status, 413);
+  t.equal(bound.body.error.code, 'row_too_large');
+  t.match(bound.body.error.message, /^too many tokens: one row has up to \d+ tokens, the limit is 40 per row \(an upper bound: text without spaces too long to count exactly\)$/);
+  t.equal(bound.body.error.count_method, 'tiktoken:o200k_base:upper-bound');
+  t.same((await plan('/v1/completions', huge)).verdict.error, bound.body);
   t.equal(upstream.requests.length, 2, 'nothing refused reached the upstream');
 });
 
