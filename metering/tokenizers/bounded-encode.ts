@@ -9,7 +9,7 @@
 // bounds the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum
 // is an upper bound on the true count, and the caller labels it so (SPEC §2, §3). The second count,
 // made before a bound would decide anything, counts long pre-tokens exactly instead, within a
-// budget (long-pretoken.ts, ADR 0018).
+// budget (long-pretoken.ts, ADR 0019).
 import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
 import { countOrdinary } from './segment-count.js';
 import { countWithLongPreTokens } from './long-pretoken.js';
@@ -52,7 +52,7 @@ export const EXACT_RECOUNT_BUDGET = 1 << 20;
 
 /**
  * Characters of long pre-tokens (a letter, symbol or whitespace run of more than MAX_PIECE) that
- * the second count encodes exactly per text, with its own merge loop (long-pretoken.ts, ADR 0018):
+ * the second count encodes exactly per text, with its own merge loop (long-pretoken.ts, ADR 0019):
  * O(n log n), ~0.3–1 µs per byte, so at most a few hundred milliseconds of a worker per text.
  * Past it the text is cut as in the first count, and stays an upper bound.
  */

@@ -1,4 +1,4 @@
-// Exact counts of texts whose pre-tokens are too long for tiktoken's own BPE (ADR 0018).
+// Exact counts of texts whose pre-tokens are too long for tiktoken's own BPE (ADR 0019).
 //
 // tiktoken cuts text into pre-tokens with its pattern, then merges each pre-token's bytes: always
 // the adjacent pair whose concatenation has the lowest rank, the leftmost on a tie. Its merge loop

@@ -183,7 +183,7 @@ export class TiktokenCounter implements TokenCounter {
   /**
    * The same counter with a far larger budget for exact long runs (EXACT_RECOUNT_BUDGET), and long
    * pre-tokens counted exactly too (EXACT_PRETOKEN_BUDGET), for a second look before a request is
-   * refused, or sent as a final answer, on an upper bound (ADR 0018). It shares the cache: an exact
+   * refused, or sent as a final answer, on an upper bound (ADR 0019). It shares the cache: an exact
    * count it makes serves later turns too, and upper bounds cached before are counted again. With a
    * pool, all its work goes there: a long pre-token's merge loop needs the encoding's ranks (~0.4 s
    * to read, once per thread), which the main thread never loads.

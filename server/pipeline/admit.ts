@@ -38,7 +38,7 @@ export function reservationOf(plan: Plan): Reservation {
 
 export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan): GatewayError {
   const whole = limit !== null && needed > limit;
-  // A prompt count still an upper bound here could not be made exact (ADR 0018): say so.
+  // A prompt count still an upper bound here could not be made exact (ADR 0019): say so.
   const upTo = plan.rows.upperBound ? 'up to ' : '';
   const why = plan.rows.upperBound ? ' (the prompt is an upper bound: text without spaces too long to count exactly)' : '';
   const message = whole

@@ -1,4 +1,4 @@
-// Stage 3's second look (ADR 0018): a budget decision that rests on an upper bound — a 402, or a
+// Stage 3's second look (ADR 0019): a budget decision that rests on an upper bound — a 402, or a
 // run sent as its final answer for want of tokens — is taken again on an exact count. (A size
 // refusal gets its exact count inside `plan`, before it is thrown.) Used by the real request and
 // by /v1/admission alike, so both still agree.

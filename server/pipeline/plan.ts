@@ -47,7 +47,7 @@ export interface Plan {
   bounds: RunBounds;
   chain: string[];
   chatCount: ChatCount | null;
-  /** The exact second counter counted this plan (ADR 0018): a count still an upper bound stays one. */
+  /** The exact second counter counted this plan (ADR 0019): a count still an upper bound stays one. */
   countedExactly: boolean;
   toolHash: string;
   sharedPrefixTokens: number;
@@ -191,7 +191,7 @@ export interface PlanOptions {
    */
   dryRun?: boolean;
   /**
-   * Count with the exact second counter from the start (ADR 0018): for a plan whose budget
+   * Count with the exact second counter from the start (ADR 0019): for a plan whose budget
    * decision rested on an upper bound (server/pipeline/plan-exact.ts).
    */
   exact?: boolean;

@@ -1,7 +1,7 @@
 // Regression: budgets decided on an upper bound. A prompt holding a run without spaces that is one
 // long pre-token (2,000 × `=`: 31 tokens, a bound of 49) was refused by the run token budget or the
 // monthly budget, or sent as the run's final answer, on the bound alone. A budget decision that
-// rests on a bound is now taken again on the exact count (ADR 0018), and /v1/admission agrees;
+// rests on a bound is now taken again on the exact count (ADR 0019), and /v1/admission agrees;
 // past the second count's budget the bound still refuses, and the message says it is one.
 
 import t, { type Test } from 'tap';

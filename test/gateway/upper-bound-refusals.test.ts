@@ -2,7 +2,7 @@
 // A run without spaces that is one long pre-token (60,000 random A/C/G/T characters, 300 × `a`,
 // 2,000 × `=`) is cut by the first count, which gives an upper bound; the exact second count
 // before a refusal cut it the same way, so the bound decided. Now the second count counts such
-// pre-tokens exactly (ADR 0018) before a size refusal, and /v1/admission agrees. Only past its
+// pre-tokens exactly (ADR 0019) before a size refusal, and /v1/admission agrees. Only past its
 // budget does a bound still refuse, and the message says so.
 
 import t, { type Test } from 'tap';

@@ -1,4 +1,4 @@
-// The exact second count of long pre-tokens (metering/tokenizers/long-pretoken.ts, ADR 0018): the
+// The exact second count of long pre-tokens (metering/tokenizers/long-pretoken.ts, ADR 0019): the
 // encodings' patterns written out for JavaScript and tiktoken's merge loop with a heap must give
 // exactly `encode_ordinary`'s count, and the second count must be exact where the first one cut.
 
