@@ -48,6 +48,8 @@ export interface RowCounts {
   rowTokens: number[];
   countMethod: CountMethod;
   upperBound: boolean;
+  /** For each row, whether its count is an upper bound (a refusal names the row's own kind of figure). */
+  rowUpperBound: boolean[];
   /** The chat count with its per-message prefix, for shared-prefix charging (chat only). */
   chat: ChatCount | null;
 }
@@ -66,27 +68,30 @@ export async function countRows(
     if (request.tool_choice !== undefined) prompt.tool_choice = request.tool_choice;
     if (request.known !== undefined) prompt.known = request.known;
     const chat = await counter.countChat(prompt, signal);
-    return { rowTokens: [chat.tokens], countMethod: chat.method, upperBound: chat.upperBound, chat };
+    return { rowTokens: [chat.tokens], countMethod: chat.method, upperBound: chat.upperBound, rowUpperBound: [chat.upperBound], chat };
   }
   const rows = kind === 'completions' ? textRows(request.prompt, 'prompt') : textRows(request.input, 'input');
   const rowTokens: number[] = [];
+  const rowUpperBound: boolean[] = [];
   let countMethod: CountMethod = counter.method;
   let upperBound = false;
   for (const row of rows) {
     if (row.kind === 'tokens') {
       // Token ids are counted by length; the label stays the counter's (SPEC §11).
       rowTokens.push(row.length);
+      rowUpperBound.push(false);
       continue;
     }
     const c = await counter.countText(row.text, signal);
     rowTokens.push(c.tokens);
+    rowUpperBound.push(c.upperBound);
     // One label for the request: an upper bound in any row makes the sum an upper bound.
     if (c.upperBound && !upperBound) {
       upperBound = true;
       countMethod = c.method;
     }
   }
-  return { rowTokens, countMethod, upperBound, chat: null };
+  return { rowTokens, countMethod, upperBound, rowUpperBound, chat: null };
 }
 
 export interface RowPlan {
@@ -98,6 +103,8 @@ export interface RowPlan {
   sumTokens: number;
   countMethod: CountMethod;
   upperBound: boolean;
+  /** For each row, whether its count is an upper bound. */
+  rowUpperBound: boolean[];
   /** Output tokens the whole request may generate: per-row allowance × n × rows (chat: × n). */
   allowance: number;
   /** True when the client set `max_completion_tokens` / `max_tokens`. */
@@ -111,6 +118,8 @@ export interface RowPlanInput {
   rowTokens: number[];
   countMethod: CountMethod;
   upperBound: boolean;
+  /** For each row, whether its count is an upper bound (default: every row as `upperBound`). */
+  rowUpperBound?: boolean[];
   /** `max_completion_tokens ?? max_tokens` as the client sent it; null when it sent neither. */
   maxTokens: number | null;
   n: number;
@@ -142,6 +151,7 @@ export function planRows(input: RowPlanInput): RowPlan {
     sumTokens,
     countMethod: input.countMethod,
     upperBound: input.upperBound,
+    rowUpperBound: input.rowUpperBound ?? rowTokens.map(() => input.upperBound),
     allowance: a.allowance,
     explicitAllowance: a.explicit,
     perRowAllowance: a.perRow,

@@ -97,3 +97,26 @@ t.test('configured limits replace the defaults; extra config fields are ignored'
   t.equal(checkSizes(plan({ rowTokens: [101] }), limits)?.message, 'too many tokens: one row has 101 tokens, the limit is 100 per row');
   t.equal(checkSizes(plan({ rowTokens: [100, 51] }), limits)?.message, 'too many tokens: the rows add up to 151 tokens, the limit is 150');
 });
+
+t.test('a figure that is an upper bound says so; an exact row keeps its exact label beside one', async (t) => {
+  const why = '(an upper bound: text without spaces too long to count exactly)';
+  const bound = { countMethod: 'tiktoken:o200k_base:upper-bound' as const, upperBound: true };
+  // 1. The row over the limit is the bound: "up to", and the bound's label.
+  const r = checkSizes(plan({ ...bound, rowTokens: [5, 53128], rowUpperBound: [false, true] }));
+  t.same(r, {
+    code: 'row_too_large',
+    message: `too many tokens: one row has up to 53128 tokens, the limit is 36864 per row ${why}`,
+    details: { row_index: 1, row_tokens: 53128, limit: 36864, count_method: 'tiktoken:o200k_base:upper-bound' },
+  });
+  // 2. The row over the limit is exact, another row is a bound: SPEC's message, the exact label.
+  const exact = checkSizes(plan({ ...bound, rowTokens: [38029, 10], rowUpperBound: [false, true] }));
+  t.equal(exact?.message, 'too many tokens: one row has 38029 tokens, the limit is 36864 per row');
+  t.equal(exact?.details.count_method, 'tiktoken:o200k_base');
+  // 3. A sum and a window resting on a bound.
+  const limits = { maxRowTokens: 100, maxRequestTokens: 150 };
+  t.equal(checkSizes(plan({ ...bound, rowTokens: [100, 51] }), limits)?.message, `too many tokens: the rows add up to as many as 151 tokens, the limit is 150 ${why}`);
+  t.equal(
+    checkSizes(plan({ ...bound, kind: 'chat', rowTokens: [40], maxTokens: 30 }), {}, 64)?.message,
+    `request too large: the prompt needs up to 40 tokens and max_tokens asks for 30 more, more than the model's context window of 64 tokens ${why}`,
+  );
+});

@@ -7,9 +7,12 @@
 // short pre-tokens (URLs, minified JSON, base64), up to EXACT_RUN_BUDGET characters, are encoded
 // whole and exactly. Other long runs are cut into pieces of at most MAX_PIECE characters, which
 // bounds the work per piece, so the whole count is linear. Merges across a cut are lost, so the sum
-// is an upper bound on the true count, and the caller labels it so (SPEC §2, §3).
+// is an upper bound on the true count, and the caller labels it so (SPEC §2, §3). The second count,
+// made before a bound would decide anything, counts long pre-tokens exactly instead, within a
+// budget (long-pretoken.ts, ADR 0019).
 import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
 import { countOrdinary } from './segment-count.js';
+import { countWithLongPreTokens } from './long-pretoken.js';
 
 /** Longest run (of non-whitespace, or of whitespace) encoded in one piece. */
 export const MAX_PIECE = 256;
@@ -46,6 +49,14 @@ export const EXACT_RUN_BUDGET = 65_536;
  * any large text, so the event loop is not stalled; ~2 MB/s of dense text.
  */
 export const EXACT_RECOUNT_BUDGET = 1 << 20;
+
+/**
+ * Characters of long pre-tokens (a letter, symbol or whitespace run of more than MAX_PIECE) that
+ * the second count encodes exactly per text, with its own merge loop (long-pretoken.ts, ADR 0019):
+ * O(n log n), ~0.3–1 µs per byte, so at most a few hundred milliseconds of a worker per text.
+ * Past it the text is cut as in the first count, and stays an upper bound.
+ */
+export const EXACT_PRETOKEN_BUDGET = 256 * 1024;
 
 // A run longer than MAX_PIECE. Ordinary prose never has one, so its counts stay exact.
 // Written as lookahead + backreference (an atomic group) rather than `\S{257,}`: V8 backtracks a
@@ -153,12 +164,22 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
  * Token count of `text` as user text (`encode_ordinary`: special-token text such as
  * `<|endoftext|>` is plain text here, never a control token and never an exception).
  */
-export function countBounded(encoding: TiktokenEncoding, text: string, exactRunBudget = EXACT_RUN_BUDGET): PieceCount {
+export function countBounded(
+  encoding: TiktokenEncoding,
+  text: string,
+  exactRunBudget = EXACT_RUN_BUDGET,
+  /** Characters of long pre-tokens to count exactly (0 in the first count: they are cut). */
+  preTokenBudget = 0,
+): PieceCount {
   if (text.length === 0) return { tokens: 0, split: false };
   const enc = getEncoder(encoding);
   if (text.length <= MAX_PIECE) return { tokens: countOrdinary(enc, text), split: false };
   const { runs, benign } = longRuns(text, exactRunBudget);
   if (benign) return { tokens: countOrdinary(enc, text), split: false };
+  if (preTokenBudget > 0 && runChars(runs) <= exactRunBudget) {
+    const exact = countWithLongPreTokens(enc, encoding, text, MAX_PIECE, preTokenBudget);
+    if (exact !== null) return { tokens: exact, split: false };
+  }
 
   let tokens = 0;
   let last = 0;
@@ -170,6 +191,12 @@ export function countBounded(encoding: TiktokenEncoding, text: string, exactRunB
   }
   if (last < text.length) tokens += countOrdinary(enc, last === 0 ? text : text.slice(last));
   return { tokens, split: true };
+}
+
+function runChars(runs: LongRuns['runs']): number {
+  let chars = 0;
+  for (const run of runs) chars += run.text.length;
+  return chars;
 }
 
 function countRun(enc: Tiktoken, encoding: string, run: string, budget: Budget): number {

@@ -68,9 +68,9 @@ export class CountPool {
     this.size = size;
   }
 
-  /** `countBounded(encoding, text, exactRunBudget)` for each text, computed in a worker thread. */
-  count(encoding: TiktokenEncoding, texts: string[], exactRunBudget?: number): Promise<PieceCount[]> {
-    return this.send((id) => ({ kind: 'count', id, encoding, texts, exactRunBudget }));
+  /** `countBounded(encoding, text, exactRunBudget, preTokenBudget)` for each text, computed in a worker thread. */
+  count(encoding: TiktokenEncoding, texts: string[], exactRunBudget?: number, preTokenBudget?: number): Promise<PieceCount[]> {
+    return this.send((id) => ({ kind: 'count', id, encoding, texts, exactRunBudget, preTokenBudget }));
   }
 
   /** Test hook: makes one worker exit as if it had crashed; resolves once its job has failed. */

@@ -3,7 +3,7 @@ import type { TiktokenEncoding } from '@dqbd/tiktoken';
 import type { PieceCount } from './bounded-encode.js';
 
 export type CountRequest =
-  | { kind: 'count'; id: number; encoding: TiktokenEncoding; texts: string[]; exactRunBudget?: number }
+  | { kind: 'count'; id: number; encoding: TiktokenEncoding; texts: string[]; exactRunBudget?: number; preTokenBudget?: number }
   /** Test hook: the worker exits at once, as if it had crashed. */
   | { kind: 'crash'; id: number };
 

@@ -16,7 +16,7 @@ port.on('message', (req: CountRequest) => {
   }
   let reply: CountReply;
   try {
-    reply = { id: req.id, counts: req.texts.map((text) => countBounded(req.encoding, text, req.exactRunBudget)) };
+    reply = { id: req.id, counts: req.texts.map((text) => countBounded(req.encoding, text, req.exactRunBudget, req.preTokenBudget)) };
   } catch (err) {
     reply = { id: req.id, error: err instanceof Error ? err.message : String(err) };
   }

@@ -13,7 +13,7 @@ import type {
 } from '../types.js';
 import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
 import { messageDigest } from '../message-digest.js';
-import { countBounded, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, type PieceCount } from './bounded-encode.js';
+import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, type PieceCount } from './bounded-encode.js';
 import type { CountPool } from './count-pool.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
@@ -83,6 +83,8 @@ export interface TiktokenCounterOptions {
   inlineBytes?: number;
   /** Characters of long runs counted exactly per text (bounded-encode.ts; default EXACT_RUN_BUDGET). */
   exactRunBudget?: number;
+  /** Characters of long pre-tokens counted exactly per text (bounded-encode.ts; default 0: cut). */
+  preTokenBudget?: number;
 }
 
 /** 16 KiB of prose takes ~3 ms to encode: the most one turn of the event loop spends inline. */
@@ -165,6 +167,7 @@ export class TiktokenCounter implements TokenCounter {
   private readonly inlineBytes: number;
   private readonly counts: TiktokenCounterStats = { inline: 0, pooled: 0 };
   private readonly exactRunBudget: number;
+  private readonly preTokenBudget: number;
   private thorough: TiktokenCounter | null = null;
 
   constructor(encoding: TiktokenEncoding, opts: TiktokenCounterOptions = {}) {
@@ -174,15 +177,25 @@ export class TiktokenCounter implements TokenCounter {
     this.pool = opts.pool ?? null;
     this.inlineBytes = opts.inlineBytes ?? DEFAULT_INLINE_BYTES;
     this.exactRunBudget = opts.exactRunBudget ?? EXACT_RUN_BUDGET;
+    this.preTokenBudget = opts.preTokenBudget ?? 0;
   }
 
   /**
-   * The same counter with a far larger budget for exact long runs (EXACT_RECOUNT_BUDGET), for a
-   * second look before a request is refused on an upper bound. It shares the cache: an exact count
-   * it makes serves later turns too, and upper bounds cached before are counted again.
+   * The same counter with a far larger budget for exact long runs (EXACT_RECOUNT_BUDGET), and long
+   * pre-tokens counted exactly too (EXACT_PRETOKEN_BUDGET), for a second look before a request is
+   * refused, or sent as a final answer, on an upper bound (ADR 0019). It shares the cache: an exact
+   * count it makes serves later turns too, and upper bounds cached before are counted again. With a
+   * pool, all its work goes there: a long pre-token's merge loop needs the encoding's ranks (~0.4 s
+   * to read, once per thread), which the main thread never loads.
    */
   exactly(): TiktokenCounter {
-    this.thorough ??= new TiktokenCounter(this.encoding, { cache: this.cache, pool: this.pool ?? undefined, inlineBytes: this.inlineBytes, exactRunBudget: EXACT_RECOUNT_BUDGET });
+    this.thorough ??= new TiktokenCounter(this.encoding, {
+      cache: this.cache,
+      pool: this.pool ?? undefined,
+      inlineBytes: this.pool === null ? this.inlineBytes : 0,
+      exactRunBudget: EXACT_RECOUNT_BUDGET,
+      preTokenBudget: EXACT_PRETOKEN_BUDGET,
+    });
     return this.thorough;
   }
 
@@ -231,7 +244,7 @@ export class TiktokenCounter implements TokenCounter {
     const known = this.knownPrefix(prompt);
     const parts = this.toolParts(prompt);
     for (let i = known?.messages ?? 0; i < prompt.messages.length; i++) this.addMessage(parts, prompt.messages[i]!);
-    const counts = parts.texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget));
+    const counts = parts.texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget, this.preTokenBudget));
     this.settle(parts, 0, parts.jobs.length, counts, 0);
     return this.assemble(parts, known);
   }
@@ -274,11 +287,11 @@ export class TiktokenCounter implements TokenCounter {
       for (const t of texts) bytes += Buffer.byteLength(t, 'utf8');
       if (!takeInline(bytes, this.inlineBytes)) {
         this.counts.pooled++;
-        return this.pool.count(this.encoding, texts, this.exactRunBudget);
+        return this.pool.count(this.encoding, texts, this.exactRunBudget, this.preTokenBudget);
       }
     }
     this.counts.inline++;
-    return texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget));
+    return texts.map((t) => countBounded(this.encoding, t, this.exactRunBudget, this.preTokenBudget));
   }
 
   /** The parts of a chat count, started with its tools: a cached count, or a recipe to compute. */

@@ -7,7 +7,7 @@ import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import type { ValidRequest } from './endpoints.js';
-import type { ChatCount, ChatMessage, KnownPrefix } from '../../metering/types.js';
+import type { ChatCount, ChatMessage, KnownPrefix, TokenCounter } from '../../metering/types.js';
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
@@ -47,6 +47,8 @@ export interface Plan {
   bounds: RunBounds;
   chain: string[];
   chatCount: ChatCount | null;
+  /** The exact second counter counted this plan (ADR 0019): a count still an upper bound stays one. */
+  countedExactly: boolean;
   toolHash: string;
   sharedPrefixTokens: number;
   promptCharge: number;
@@ -98,7 +100,8 @@ function toolHashOf(valid: ValidRequest): string {
 
 /**
  * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
- * counts the final-answer request instead: its messages, and no tools.
+ * counts the final-answer request instead: its messages, and no tools. `exact` is the tokenizer's
+ * exact second counter, when the plan needs one.
  */
 async function countAll(
   gw: Gateway,
@@ -106,7 +109,7 @@ async function countAll(
   valid: ValidRequest,
   finalMessages?: ChatMessage[],
   known?: KnownPrefix,
-  counter = gw.counters.forModel(upstream, valid.model),
+  exact?: TokenCounter,
 ): Promise<RowCounts> {
   const body = valid.body;
   const request =
@@ -116,8 +119,13 @@ async function countAll(
         ? { messages: finalMessages }
         : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, known };
   try {
-    return await countRows(valid.kind, valid.model, request, counter);
+    return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model));
   } catch (err) {
+    // The exact count failed (its worker died): the first count stands, upper bound and all.
+    if (exact) {
+      gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'exact count failed, using the first count');
+      return countAll(gw, upstream, valid, finalMessages, known);
+    }
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
     gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'tokenizer unavailable, using byte estimate');
@@ -129,7 +137,7 @@ async function countAll(
  * Whether a request is small enough for the exact second count: its texts, as JSON, within the
  * recount's budget, so that one request never costs the worker more than about half a second.
  */
-function recountable(valid: ValidRequest): boolean {
+export function recountable(valid: ValidRequest): boolean {
   const texts = valid.kind === 'chat' ? [valid.messages, valid.tools] : valid.kind === 'completions' ? valid.body.prompt : valid.body.input;
   return JSON.stringify(texts ?? null).length <= EXACT_RECOUNT_BUDGET;
 }
@@ -182,6 +190,11 @@ export interface PlanOptions {
    * conversation than it would have without the admission call.)
    */
   dryRun?: boolean;
+  /**
+   * Count with the exact second counter from the start (ADR 0019): for a plan whose budget
+   * decision rested on an upper bound (server/pipeline/plan-exact.ts).
+   */
+  exact?: boolean;
 }
 
 export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers, opts: PlanOptions = {}): Promise<Plan> {
@@ -198,13 +211,17 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const memoScope = principal.keyId ?? `tenant:${principal.tenant}`;
   const remembered = messages ? gw.prefixMemo.match(memoScope, messages) : null;
   const known = remembered?.counts ? { messages: remembered.length, ...remembered.counts } : undefined;
-  let counted = await countAll(gw, upstream, valid, undefined, known);
+  const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined);
+  // Every count of this plan uses it once it is needed (the final-answer request's too).
+  let counter = opts.exact ? exactCounter() : undefined;
+  let counted = await countAll(gw, upstream, valid, undefined, known, counter);
   const rowsOf = (c: RowCounts) =>
     planRows({
       kind: valid.kind,
       rowTokens: c.rowTokens,
       countMethod: c.countMethod,
       upperBound: c.upperBound,
+      rowUpperBound: c.rowUpperBound,
       maxTokens: valid.maxTokens,
       n: valid.n,
       defaultMaxTokens: gw.config.defaults.maxTokens,
@@ -212,11 +229,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     });
   let rows = rowsOf(counted);
   let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
-  // A refusal on an upper bound gets a second, exact count first where one stays linear (a large
-  // minified JSON tool result): refused only when the true count is too large too.
-  const exactly = sizeRefusal && counted.upperBound && recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined;
-  if (exactly) {
-    counted = await countAll(gw, upstream, valid, undefined, known, exactly);
+  // A refusal on an upper bound gets a second, exact count first where the request is small
+  // enough (ADR 0010, 0018): refused only when the true count is too large too.
+  if (sizeRefusal && counted.upperBound && counter === undefined) counter = exactCounter();
+  if (sizeRefusal && counted.upperBound && counter !== undefined) {
+    counted = await countAll(gw, upstream, valid, undefined, known, counter);
     rows = rowsOf(counted);
     sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
@@ -290,7 +307,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       finalReason = decision.reason;
       forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
       const finalMessages = forwardBody.messages as ChatMessage[];
-      counted = await countAll(gw, upstream, valid, finalMessages);
+      counted = await countAll(gw, upstream, valid, finalMessages, undefined, counter);
       // The gateway removed the tools itself: the leading messages are still what the model read
       // before, so the charge is measured on messages alone (ADR 0004).
       const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
@@ -312,6 +329,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         rowTokens: counted.rowTokens,
         countMethod: counted.countMethod,
         upperBound: counted.upperBound,
+        rowUpperBound: counted.rowUpperBound,
         maxTokens: room === null ? valid.maxTokens : Math.max(1, Math.min(valid.maxTokens ?? gw.config.defaults.maxTokens, Math.floor(room / valid.n))),
         n: valid.n,
         defaultMaxTokens: gw.config.defaults.maxTokens,
@@ -351,6 +369,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     bounds,
     chain,
     chatCount: counted.chat,
+    countedExactly: counter !== undefined,
     toolHash,
     sharedPrefixTokens: shared,
     promptCharge,
