@@ -21,7 +21,7 @@
 // OpenAI SDK, curl) has its answer whatever the size, and goes. The floor is for small configured
 // limits: a 4 KB limit would otherwise drain less than a socket buffer holds. LINGER_MS bounds how
 // long a refused client holds a connection (nginx, closing the same way, waits 5 s for a client
-// that has stopped sending: `lingering_timeout`). ADR 0018 has the costs.
+// that has stopped sending: `lingering_timeout`). ADR 0020 has the costs.
 
 import type { Socket } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
