@@ -1,12 +1,42 @@
 // Request bodies: counted exactly in bytes as they arrive, refused past `limits.maxBodyBytes` with
 // the exact total (SPEC §6: "request body has 33554433 bytes, the limit is 33554432") before any
-// JSON parsing. The excess is read and discarded so the client sees the 413 instead of a reset
-// connection; past DRAIN_FACTOR × limit we stop reading and report a lower bound.
+// JSON parsing. Nothing of a refused body is kept.
+//
+// When the 413 goes, and what it says:
+// - a body with a Content-Length over the limit is refused at once, before a byte of it is read,
+//   with the declared size: HTTP framing makes the body exactly that long;
+// - a chunked body has no declared size: it is read on, and counted, up to the drain bound, so that
+//   the 413 gives its exact size; past the bound it says "more than <bound> bytes", which is true.
+// The client may still be writing when the 413 goes, and closing then would reset the connection
+// before it reads the answer (an outside audit: curl saw an empty reply, the OpenAI SDK retried a
+// connection error three times). So the answer says `connection: close` (Fastify sets it for a
+// body that failed to parse) and the connection is closed in stages (server/staged-close.ts): the
+// rest of the body is read and discarded up to the drain bound again, then no longer read; the
+// socket is closed when the body ends or the client goes, and after LINGER_MS at the latest.
+//
+// The drain bound is DRAIN_FACTOR × the limit, and at least MIN_DRAIN_BYTES. It keeps what a
+// refused body costs in the order of what an admitted one may (the bytes are read, never kept),
+// while a client that writes its whole body before it reads the answer still gets the 413 and a
+// clean close when its body is within it. A client that reads while it writes (fetch and so the
+// OpenAI SDK, curl) has its answer whatever the size, and goes. The floor is for small configured
+// limits: a 4 KB limit would otherwise drain less than a socket buffer holds. LINGER_MS bounds how
+// long a refused client holds a connection (nginx, closing the same way, waits 5 s for a client
+// that has stopped sending: `lingering_timeout`). ADR 0020 has the costs.
 
+import type { Socket } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError } from './errors.js';
+import { closeInStages } from './staged-close.js';
 
 const DRAIN_FACTOR = 4;
+const MIN_DRAIN_BYTES = 1024 * 1024;
+/** The longest a connection whose request was refused stays open after its answer (ms). */
+export const LINGER_MS = 5_000;
+
+/** How much of a refused body is read, before its answer (to count it) and again after it. */
+export function drainBytes(maxBodyBytes: number): number {
+  return Math.max(DRAIN_FACTOR * maxBodyBytes, MIN_DRAIN_BYTES);
+}
 
 /** Nesting allowed in a request body: far deeper than any message list or tool schema needs. */
 export const MAX_JSON_DEPTH = 128;
@@ -36,11 +66,20 @@ export function nestedDeeperThan(value: object, levels: number): boolean {
 export const ADMISSION_WRAPPER_BYTES = 64 * 1024;
 
 export function registerJsonBodyParser(app: FastifyInstance, limit: number): void {
+  // A stopping gateway does not wait for a refused client to finish sending.
+  const lingering = new Set<Socket>();
+  app.addHook('preClose', (done) => {
+    for (const socket of lingering) socket.destroy();
+    lingering.clear();
+    done();
+  });
   app.removeAllContentTypeParsers();
   // Every content type is read as JSON: SDKs send application/json, curl users often forget it.
   app.addContentTypeParser('*', (request: FastifyRequest, payload, done) => {
     const wrapped = request.routeOptions.url === '/v1/admission';
     const maxBodyBytes = wrapped ? limit + ADMISSION_WRAPPER_BYTES : limit;
+    const drain = drainBytes(maxBodyBytes);
+    // NaN for a chunked body.
     const declared = Number(request.headers['content-length']);
     let total = 0;
     let over = false;
@@ -58,15 +97,21 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
           (wrapped ? ` (${limit} for the request inside, ${ADMISSION_WRAPPER_BYTES} for the admission wrapper)` : ''),
         { body_bytes: bytes, limit: maxBodyBytes },
       );
+    /** Answers before the body ended: the rest is discarded and the connection closed in stages. */
+    const refuseEarly = (err: GatewayError) => {
+      over = true;
+      chunks.length = 0;
+      closeInStages(request.raw, { bytes: drain, ms: LINGER_MS }, lingering);
+      finish(err);
+    };
+    if (declared > maxBodyBytes) refuseEarly(tooLarge(declared, true));
     payload.on('data', (chunk: Buffer) => {
+      if (finished) return;
       total += chunk.length;
       if (total > maxBodyBytes) {
         over = true;
         chunks.length = 0;
-        if (total > maxBodyBytes * DRAIN_FACTOR) {
-          payload.destroy();
-          finish(tooLarge(Number.isFinite(declared) && declared > total ? declared : total, Number.isFinite(declared) && declared >= total));
-        }
+        if (total > drain) refuseEarly(tooLarge(drain, false));
         return;
       }
       chunks.push(chunk);
