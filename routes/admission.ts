@@ -5,6 +5,7 @@
 import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
+import { MAX_JSON_DEPTH, nestedDeeperThan, tooDeep } from '../server/body.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
 import { rowFigures } from '../server/pipeline/plan.js';
 import { planRequest } from '../server/pipeline/plan-exact.js';
@@ -62,6 +63,9 @@ const route: FastifyPluginAsync = async (app) => {
     /** A refusal that only the request's own max_tokens caused: the plan is shown without it. */
     let allowanceRefusal: GatewayError | null = null;
     try {
+      // Nested past the limit, the request inside gets the real request's 400 (checked first: the
+      // byte count below walks it). The wrapper's own depth is not limited (server/body.ts).
+      if (typeof call.request === 'object' && call.request !== null && nestedDeeperThan(call.request, MAX_JSON_DEPTH)) throw tooDeep();
       // The size limit is the real request's: its body is this request, as JSON.
       const bytes = Buffer.byteLength(JSON.stringify(call.request), 'utf8');
       const limit = gw.config.limits.maxBodyBytes;

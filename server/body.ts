@@ -41,6 +41,11 @@ export function drainBytes(maxBodyBytes: number): number {
 /** Nesting allowed in a request body: far deeper than any message list or tool schema needs. */
 export const MAX_JSON_DEPTH = 128;
 
+/** The refusal of a body nested deeper than MAX_JSON_DEPTH. */
+export function tooDeep(): GatewayError {
+  return new GatewayError('invalid_json', `request body nests objects and arrays deeper than ${MAX_JSON_DEPTH} levels`, { max_depth: MAX_JSON_DEPTH });
+}
+
 /** Whether `value` has objects or arrays nested more than `levels` deep (recursion bounded by it). */
 export function nestedDeeperThan(value: object, levels: number): boolean {
   if (levels === 0) return true;
@@ -130,8 +135,10 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       }
       // Counting, hashing and forwarding walk the body recursively: a body nested thousands deep
       // would overflow the stack part way through (a 500, or a 502 after admission) — refuse it here.
-      if (typeof body === 'object' && body !== null && nestedDeeperThan(body, MAX_JSON_DEPTH)) {
-        return finish(new GatewayError('invalid_json', `request body nests objects and arrays deeper than ${MAX_JSON_DEPTH} levels`, { max_depth: MAX_JSON_DEPTH }));
+      // Admission's wrapper is left to its route, which holds the request inside to the limit and
+      // answers a deeper one with the real request's 400 as its verdict, walking nothing else.
+      if (!wrapped && typeof body === 'object' && body !== null && nestedDeeperThan(body, MAX_JSON_DEPTH)) {
+        return finish(tooDeep());
       }
       finish(null, body);
     });

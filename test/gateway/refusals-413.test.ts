@@ -281,6 +281,20 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
   // 128 levels are fine.
   const fine = await post('/v1/chat/completions', `{"model":"gpt-4o","max_tokens":4,"messages":[{"role":"user","content":"q"}],"metadata":${'['.repeat(126)}${']'.repeat(126)}}`);
   t.equal(fine.status, 200, 'nesting at the limit goes through');
+  // Admission answers for the same requests as they would be answered, its wrapper one level more.
+  const wrapped = (request: string) => post('/v1/admission', `{"endpoint":"/v1/chat/completions","request":${request}}`);
+  // The request object and 127 arrays are 128 levels: the limit itself; one more is past it.
+  const atLimit = (arrays: number) => `{"model":"gpt-4o","max_tokens":4,"messages":[{"role":"user","content":"q"}],"metadata":${'['.repeat(arrays)}${']'.repeat(arrays)}}`;
+  t.equal((await post('/v1/chat/completions', atLimit(128))).status, 400, 'the real request one level past the limit');
+  const fineAdmission = await wrapped(atLimit(127));
+  t.equal(fineAdmission.status, 200);
+  t.match(fineAdmission.body.verdict, { admit: true, status: 200 }, 'admission admits the request nested to the limit');
+  const deepAdmission = await wrapped(atLimit(128));
+  t.equal(deepAdmission.status, 200, 'a request one level too deep: admission answers 200 with its verdict');
+  t.match(deepAdmission.body.verdict, { admit: false, status: 400, error: { error: { code: 'invalid_json', message: 'request body nests objects and arrays deeper than 128 levels' } } });
+  const deepest = await post('/v1/admission', `{"endpoint":"/v1/chat/completions","request":${deepField}}`);
+  t.equal(deepest.status, 200, '100,000 levels inside admission: still its verdict, not a crash');
+  t.match(deepest.body.verdict, { status: 400, error: { error: { code: 'invalid_json' } } });
 
   t.equal(upstream.requests.length, 1, 'only the request within bounds reached the upstream');
   const rows = [];
