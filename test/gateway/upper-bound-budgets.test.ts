@@ -4,10 +4,9 @@
 // rests on a bound is now taken again on the exact count (ADR 0019), and /v1/admission agrees;
 // past the second count's budget the bound still refuses, and the message says it is one.
 
-import t, { type Test } from 'tap';
+import t from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
-import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { plannedGateway } from '../helpers/planned-gateway.js';
 import { ADMIN, ALICE, call, moneyWorld } from '../money-e2e/money-fixture.js';
 import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import { TokenCache } from '../../metering/token-cache.js';
@@ -16,28 +15,7 @@ import type { ToolDefinition } from '../../metering/types.js';
 const o200k = get_encoding('o200k_base');
 const tokens = (s: string) => o200k.encode_ordinary(s).length;
 
-type Body = Record<string, unknown> & { error: Record<string, unknown> };
-interface Planned {
-  row_tokens: number[];
-  sum_tokens: number;
-  count_method: string;
-  count_is_upper_bound: boolean;
-  mode: string;
-  verdict: { admit: boolean; status: number; error: Body | null };
-}
-
-async function setup(t: Test, raw: Record<string, unknown>, upstreamExtra: Record<string, unknown> = {}) {
-  const upstream = await startOpenAiDouble();
-  t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, upstreamExtra)], ...raw });
-  const post = async (path: string, body: unknown) => {
-    const res = await fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-    return { status: res.status, headers: res.headers, body: (await res.json()) as Body };
-  };
-  const plan = async (endpoint: string, request: Record<string, unknown>) =>
-    (await post('/v1/admission', { endpoint, request })).body as unknown as Planned;
-  return { upstream, gw, post, plan };
-}
+const setup = plannedGateway;
 
 const eq2000 = '='.repeat(2000);
 

@@ -5,37 +5,15 @@
 // pre-tokens exactly (ADR 0019) before a size refusal, and /v1/admission agrees. Only past its
 // budget does a bound still refuse, and the message says so.
 
-import t, { type Test } from 'tap';
+import t from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
-import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { plannedGateway } from '../helpers/planned-gateway.js';
 import { rng } from '../tokenizers/worker-texts.js';
 
 const o200k = get_encoding('o200k_base');
 const tokens = (s: string) => o200k.encode_ordinary(s).length;
 
-type Body = Record<string, unknown> & { error: Record<string, unknown> };
-interface Planned {
-  row_tokens: number[];
-  sum_tokens: number;
-  count_method: string;
-  count_is_upper_bound: boolean;
-  mode: string;
-  verdict: { admit: boolean; status: number; error: Body | null };
-}
-
-async function setup(t: Test, raw: Record<string, unknown>, upstreamExtra: Record<string, unknown> = {}) {
-  const upstream = await startOpenAiDouble();
-  t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, upstreamExtra)], ...raw });
-  const post = async (path: string, body: unknown) => {
-    const res = await fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-    return { status: res.status, headers: res.headers, body: (await res.json()) as Body };
-  };
-  const plan = async (endpoint: string, request: Record<string, unknown>) =>
-    (await post('/v1/admission', { endpoint, request })).body as unknown as Planned;
-  return { upstream, gw, post, plan };
-}
+const setup = plannedGateway;
 
 const a300 = 'a'.repeat(300);
 const eq2000 = '='.repeat(2000);
