@@ -58,8 +58,10 @@ export function inspectRun(messages: readonly ChatMessage[], writeTools: readonl
 
   for (let i = lastUserIndex + 1; i < messages.length; i++) {
     const m = messages[i]!;
-    if (m.role !== 'assistant' || callsOf(m).length === 0) continue;
-    const batch = readBatch(messages, i, writes);
+    if (m.role !== 'assistant') continue;
+    const calls = callsOf(m);
+    if (calls.length === 0) continue;
+    const batch = readBatch(messages, i, calls, writes);
     batches.push(batch);
     // Writes change the world, so a repeated write is not "no progress" (seed 001): it resets the
     // streak and the batch after it starts a new one.
@@ -93,8 +95,7 @@ function callsOf(m: ChatMessage): BatchCall[] {
   return [{ id: null, name: legacy.name, arguments: typeof legacy.arguments === 'string' ? legacy.arguments : '', resultIndex: null }];
 }
 
-function readBatch(messages: readonly ChatMessage[], assistantIndex: number, writes: Set<string>): ToolBatch {
-  const calls = callsOf(messages[assistantIndex]!);
+function readBatch(messages: readonly ChatMessage[], assistantIndex: number, calls: BatchCall[], writes: Set<string>): ToolBatch {
 
   // The answers are the `tool` (legacy: `function`) messages up to the next assistant turn.
   // Matching stays inside that window because some models reuse ids (`call_0`) every round.
