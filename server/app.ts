@@ -29,6 +29,7 @@ import healthRoutes from '../routes/health.js';
 import metricsRoute from '../routes/metrics.js';
 import admissionRoute from '../routes/admission.js';
 import spendRoute from '../routes/spend.js';
+import { NowAndThen } from './log-now-and-then.js';
 import adminRoutes from '../routes/admin.js';
 
 export interface AppOptions {
@@ -164,6 +165,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     auth: new Authenticator(config, ledger),
     counters: gatewayCounters(config, clock),
     prices: PriceTable.load(config.prices.overrides),
+    warnings: new NowAndThen(clock),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
     drain,

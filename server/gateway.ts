@@ -9,6 +9,7 @@ import type { UpstreamRegistry } from './upstreams.js';
 import type { Authenticator } from './auth.js';
 import type { Counters } from './counters.js';
 import type { PriceTable } from '../pricing/price-table.js';
+import type { NowAndThen } from './log-now-and-then.js';
 import type { PrefixMemo } from '../metering/prefix-memo.js';
 
 export type Clock = () => number;
@@ -21,6 +22,8 @@ export interface Gateway {
   auth: Authenticator;
   counters: Counters;
   prices: PriceTable;
+  /** Warnings about a lasting state, written once and then at most once a minute. */
+  warnings: NowAndThen;
   /** Earlier turns' message lists, so a turn hashes and counts only what it added. */
   prefixMemo: PrefixMemo;
   /** Ids of this process's reservations admitted and not yet settled (kept alive in the store). */

@@ -128,7 +128,8 @@ async function countAll(
     }
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
-    gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'tokenizer unavailable, using byte estimate');
+    const due = gw.warnings.due(`tokenizer-down:${upstream.name}`);
+    if (due) gw.log.warn({ upstream: upstream.name, err: (err as Error).message, held_back: due.heldBack }, 'tokenizer unavailable, using byte estimate');
     return countRows(valid.kind, valid.model, request, gw.counters.estimate);
   }
 }

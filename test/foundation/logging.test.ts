@@ -34,7 +34,11 @@ async function loggedGateway(t: Test, level: string, logging: Record<string, unk
   const config = parseConfig(
     {
       store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
-      upstreams: [openaiUpstream(upstream.url, { billing: 'local' }), { name: 'down', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['down-*'], billing: 'local' }],
+      upstreams: [
+        openaiUpstream(upstream.url, { billing: 'local' }),
+        { name: 'down', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['down-*'], billing: 'local' },
+        { name: 'llama-down', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['llama-*'], billing: 'local', contextWindow: 4096 },
+      ],
       auth: { keys: [{ key: KEY, tenant: 'acme' }] },
       logging,
     },
@@ -117,6 +121,23 @@ t.test('an upstream that cannot be reached: still one line for the request, at w
   t.equal(lines.length, 1, `one line: ${lines.map((l) => l.msg).join(', ')}`);
   t.match(lines[0], { msg: 'request settled', level: 40, status: 502, code: 'upstream_unreachable', upstream: 'down' });
   t.type(lines[0]!.err, 'string');
+});
+
+t.test('a llama.cpp server that is down: its tokenizer warning is written once, not on every request', async (t) => {
+  const gw = await loggedGateway(t, 'info');
+  for (let i = 0; i < 3; i++) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: 'llama-x', messages: [{ role: 'user', content: `Hello ${i}` }], max_tokens: 10 }),
+    });
+    t.equal(res.status, 502);
+    await res.text();
+  }
+  const warnings = gw.lines().filter((l) => l.msg === 'tokenizer unavailable, using byte estimate');
+  t.equal(warnings.length, 1, 'one warning for the state, not one per request');
+  t.match(warnings[0], { level: 40, upstream: 'llama-down', held_back: 0 });
+  t.equal(gw.lines().filter((l) => l.msg === 'request settled').length, 3, 'each request still has its own line');
 });
 
 t.test('neither the key nor the prompt text appears anywhere in the log, even at trace level', async (t) => {
