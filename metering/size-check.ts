@@ -3,7 +3,7 @@
 // `body_too_large` comes earlier still, in the HTTP layer, before the body is parsed.
 //
 // A figure that is an upper bound says so: the planner counts a request exactly before refusing it
-// wherever it can (ADR 0010, 0018), so a bound reaches a refusal only when the exact count was out
+// wherever it can (ADR 0010, 0019), so a bound reaches a refusal only when the exact count was out
 // of reach, and the client is told why the figure is not exact.
 import type { RowPlan } from './row-plan.js';
 import type { CountMethod } from './types.js';

@@ -231,7 +231,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let rows = rowsOf(counted);
   let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   // A refusal on an upper bound gets a second, exact count first where the request is small
-  // enough (ADR 0010, 0018): refused only when the true count is too large too.
+  // enough (ADR 0010, 0019): refused only when the true count is too large too.
   if (sizeRefusal && counted.upperBound && counter === undefined) counter = exactCounter();
   if (sizeRefusal && counted.upperBound && counter !== undefined) {
     counted = await countAll(gw, upstream, valid, undefined, known, counter);
