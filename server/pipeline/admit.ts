@@ -7,7 +7,7 @@ import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
-import { cheaperModels, candidatesFromUpstreams, type LimitScope } from '../../pricing/cheaper-models.js';
+import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } from '../../pricing/cheaper-models.js';
 import type { Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { conversationFamily } from './budgets.js';
@@ -68,7 +68,7 @@ async function moneyLimitApplies(gw: Gateway, plan: Plan): Promise<boolean> {
  * pick, but this name is. Nothing for OpenAI-kind upstreams, whose lists are not asked for.
  */
 async function servedByPattern(gw: Gateway, u: Upstream): Promise<string[]> {
-  const patterns = u.config.models.filter((m) => /[*?]/.test(m));
+  const patterns = u.config.models.filter(isPattern);
   if (patterns.length === 0) return [];
   const name = await gw.counters.servedModel(u);
   if (name === null || !patterns.some((p) => globToRegExp(p).test(name)) || gw.upstreams.route(name) !== u) return [];
