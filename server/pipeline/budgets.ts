@@ -86,7 +86,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
 export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | null {
   // Nested too deep: refused whatever it asks for.
   if (s.tooDeep) return 0;
-  const per = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  const per = plan.valid.generations * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const limits: number[] = [];
   if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
   if (s.budgetTokens !== null) {

@@ -26,6 +26,11 @@ export interface ValidRequest {
   /** The client asked for a usage chunk (`stream_options.include_usage`). */
   includeUsage: boolean;
   n: number;
+  /**
+   * Completions the upstream generates per row, which the allowance reserves: `n`, or a legacy
+   * completions request's `best_of` (generated server-side, billed, and not all returned).
+   */
+  generations: number;
   /** max_completion_tokens ?? max_tokens, when given. */
   maxTokens: number | null;
   maxTokensField: 'max_completion_tokens' | 'max_tokens' | null;
@@ -146,6 +151,8 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   const n = optionalInt(body, 'n', 1, 128) ?? 1;
   const mct = optionalInt(body, 'max_completion_tokens', 1);
   const mt = optionalInt(body, 'max_tokens', 1);
+  const bestOf = kind === 'completions' ? optionalInt(body, 'best_of', 1, 128) : null;
+  if (bestOf !== null && bestOf < n) invalid('best_of', `must be at least n (${n}): it is how many completions are generated, n how many are returned`);
   const base = {
     kind,
     body,
@@ -153,6 +160,7 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
     stream: kind === 'embeddings' ? false : stream,
     includeUsage,
     n: kind === 'embeddings' ? 1 : n,
+    generations: kind === 'embeddings' ? 1 : Math.max(n, bestOf ?? 1),
     maxTokens: kind === 'embeddings' ? null : (mct ?? mt),
     maxTokensField: kind === 'embeddings' ? null : mct !== null ? ('max_completion_tokens' as const) : mt !== null ? ('max_tokens' as const) : null,
   };

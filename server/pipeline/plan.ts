@@ -224,7 +224,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       upperBound: c.upperBound,
       rowUpperBound: c.rowUpperBound,
       maxTokens: valid.maxTokens,
-      n: valid.n,
+      n: valid.generations,
       defaultMaxTokens: gw.config.defaults.maxTokens,
       contextWindow,
     });
@@ -332,7 +332,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         upperBound: counted.upperBound,
         rowUpperBound: counted.rowUpperBound,
         maxTokens: room === null ? valid.maxTokens : Math.max(1, Math.min(valid.maxTokens ?? gw.config.defaults.maxTokens, Math.floor(room / valid.n))),
-        n: valid.n,
+        n: valid.generations,
         defaultMaxTokens: gw.config.defaults.maxTokens,
         contextWindow,
       });

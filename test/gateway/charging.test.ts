@@ -196,3 +196,22 @@ t.test('a stream cut by a chunk that crosses the allowance is charged the whole 
   t.equal(rows.length, 1);
   t.equal(rows[0]!.generated_tokens, 10, 'the ledger records the allowance as generated');
 });
+
+t.test("a legacy completions request's best_of is reserved whole: the upstream generates every candidate", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 10 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const post = (path: string, body: Json) => fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const request = { model: 'gpt-3.5-turbo-instruct', prompt: 'Say hi', max_tokens: 10, best_of: 5 };
+  const plan = (await (await post('/v1/admission', { endpoint: '/v1/completions', request })).json()) as Json;
+  t.equal((plan.charge as Json).allowance, 50, 'max_tokens × best_of');
+  const res = await post('/v1/completions', request);
+  t.equal(res.status, 200);
+  await res.text();
+  t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')), ((plan.charge as Json).prompt as number) + 50);
+  t.equal((await post('/v1/completions', { ...request, best_of: 3, n: 2 })).status, 200, 'best_of above n');
+  const fewer = await post('/v1/completions', { ...request, best_of: 1, n: 2 });
+  t.equal(fewer.status, 400, 'best_of below n is no request');
+  t.match(await fewer.json(), { error: { param: 'best_of', message: /^best_of: must be at least n \(2\)/ } });
+  t.equal(upstream.requests.length, 2, 'the refused one reached no model');
+});
