@@ -88,7 +88,9 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | 
   if (s.tooDeep) return 0;
   const per = plan.valid.generations * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const limits: number[] = [];
-  if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.rows.longestRow);
+  // The window is checked on the request as sent (a final answer's allowance is then set within
+  // what the window leaves after its own prompt: server/pipeline/plan.ts).
+  if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.sentLongestRow);
   if (s.budgetTokens !== null) {
     const toolRound = plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
     const reserve = toolRound ? (plan.bounds.answerReserveTokens ?? 0) : 0;

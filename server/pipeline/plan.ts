@@ -37,6 +37,11 @@ export interface Plan {
   /** The body that will be forwarded (final-answer mode rewrites it). */
   forwardBody: Record<string, unknown>;
   rows: RowPlan;
+  /**
+   * The longest row of the request as sent, which the context-window check was made on. It is
+   * `rows.longestRow` except in final-answer mode, where `rows` is the rewritten request's.
+   */
+  sentLongestRow: number;
   contextWindow: number | null;
   conversation: string;
   conversationSource: 'header' | 'inferred' | 'new';
@@ -239,6 +244,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
   const countedAsSent = counted;
+  const sentLongestRow = rows.longestRow;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
     err.context = rowFigures(valid.model, upstream.name, rows, contextWindow);
@@ -321,17 +327,23 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         now: time,
         upstream: upstream.config,
       });
-      // The answer uses the reserve: its allowance is what the run has left after its prompt.
-      const promptTokensFinal = counted.rowTokens[0];
+      // The answer uses the reserve: its allowance is what the run has left after its prompt, and
+      // what the window leaves after the rewritten prompt (the gateway's instruction is longer than
+      // the tools it removed, at times). The allowance is then explicit, so it is set within both
+      // here; at least 1, and an answer the upstream then refuses ends with the evidence excerpt.
+      const promptTokensFinal = counted.rowTokens[0]!;
       promptCharge = promptChargeFor(promptTokensFinal, shared);
       const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
+      const caps = [valid.maxTokens ?? gw.config.defaults.maxTokens];
+      if (room !== null) caps.push(Math.floor(room / valid.n));
+      if (contextWindow !== null) caps.push(contextWindow - promptTokensFinal);
       rows = planRows({
         kind: valid.kind,
         rowTokens: counted.rowTokens,
         countMethod: counted.countMethod,
         upperBound: counted.upperBound,
         rowUpperBound: counted.rowUpperBound,
-        maxTokens: room === null ? valid.maxTokens : Math.max(1, Math.min(valid.maxTokens ?? gw.config.defaults.maxTokens, Math.floor(room / valid.n))),
+        maxTokens: caps.length === 1 ? valid.maxTokens : Math.max(1, Math.min(...caps)),
         n: valid.generations,
         defaultMaxTokens: gw.config.defaults.maxTokens,
         contextWindow,
@@ -360,6 +372,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     model: valid.model,
     forwardBody,
     rows,
+    sentLongestRow,
     contextWindow,
     conversation,
     conversationSource: source,

@@ -152,3 +152,57 @@ t.test('asking for a plan does not change the conversation the real request then
   t.equal(real.headers.get('x-tollgate-shared-prefix-tokens'), String(planned.body.shared_prefix_tokens));
   t.equal(Number(real.headers.get('x-tollgate-reserved-tokens')), (planned.body.charge as { prompt: number; allowance: number }).prompt + 8);
 });
+
+t.test("a final answer's allowance stays within the window its rewritten prompt leaves, and admission says so", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs: { tokenBudget: 20000, maxToolRounds: 1 } });
+  const tools = [{ type: 'function', function: { name: 's', parameters: { type: 'object', properties: {} } } }];
+  const messages = [
+    { role: 'user', content: ' word'.repeat(100) },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 's', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: 'result' },
+  ];
+  const post = (path: string, body: Json, conversation: string) =>
+    fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation }, body: JSON.stringify(body) });
+  // The default allowance (4,096) and an explicit one that fits the request as sent (the gateway's
+  // instruction makes the final prompt longer than the tools it removed).
+  for (const [label, extra] of [['no max_tokens', {}], ['max_tokens 150', { max_tokens: 150 }]] as const) {
+    const request = { model: 'gpt-4o', messages, tools, ...extra };
+    const plan = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request }, `c-fw-${label}`)).json()) as Json;
+    t.equal(plan.mode, 'final-answer', label);
+    const finalPrompt = plan.longest_row as number;
+    t.ok(finalPrompt + 150 > 300, `${label}: the final prompt (${finalPrompt}) leaves less than 150 of the window`);
+    t.equal((plan.charge as Json).allowance, 300 - finalPrompt, `${label}: the allowance is what the window leaves`);
+    const res = await post('/v1/chat/completions', request, `c-fw-${label}`);
+    t.equal(res.status, 200, label);
+    await res.text();
+    t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+    const sent = upstream.requests.at(-1)!.body!;
+    t.equal(sent.max_completion_tokens ?? sent.max_tokens, 300 - finalPrompt, `${label}: forwarded within the window`);
+    t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')), (plan.charge as Json).prompt as number + 300 - finalPrompt, `${label}: reserved as admission planned`);
+  }
+});
+
+t.test('in final-answer mode max_affordable_allowance is what the window admits for the request as sent', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs: { tokenBudget: 400, answerReserveTokens: 50 } });
+  // Many tools: the request as sent is much longer than its final answer, which drops them.
+  const tools = Array.from({ length: 6 }, (_, i) => ({ type: 'function', function: { name: `search_${i}`, description: 'find things', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }));
+  const request = { model: 'gpt-4o', n: 2, messages: [{ role: 'user', content: ' word'.repeat(40) }], tools };
+  const post = (path: string, body: Json) =>
+    fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-maa-final' }, body: JSON.stringify(body) });
+  const plan = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request })).json()) as Json;
+  t.equal(plan.mode, 'final-answer');
+  const most = plan.max_affordable_allowance as number;
+  t.ok(most > 0);
+  const again = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { ...request, max_tokens: most } })).json()) as Json;
+  t.same(again.verdict, { admit: true, status: 200, error: null }, 'the figure itself is admitted');
+  const over = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { ...request, max_tokens: most + 1 } })).json()) as Json;
+  t.equal((over.verdict as Json).status, 413, 'one more is past the window');
+  const res = await post('/v1/chat/completions', { ...request, max_tokens: most });
+  t.equal(res.status, 200, 'and so is the real request');
+  await res.text();
+});
+
