@@ -9,7 +9,7 @@ import { MAX_JSON_DEPTH, nestedDeeperThan, tooDeep } from '../server/body.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
 import { rowFigures } from '../server/pipeline/plan.js';
 import { planRequest } from '../server/pipeline/plan-exact.js';
-import { precheck, refusalError, reservationOf } from '../server/pipeline/admit.js';
+import { precheck, refusalError, reservationOf, unpricedUnderLimit } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
 import type { ModelPrice } from '../pricing/model-price.js';
@@ -132,7 +132,7 @@ const route: FastifyPluginAsync = async (app) => {
       mode: plan.mode,
       final_reason: plan.finalReason,
       // A model that cannot be priced under a money limit is refused whatever it is allowed to write.
-      max_affordable_allowance: refusal?.code === 'model_not_priced' ? 0 : maxAffordableAllowance(plan, budgets.state),
+      max_affordable_allowance: (await unpricedUnderLimit(gw, plan)) ? 0 : maxAffordableAllowance(plan, budgets.state),
       verdict: verdictOf(refusal),
     };
   });

@@ -117,12 +117,17 @@ export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Pr
   return moneyError(gw, plan, r);
 }
 
+/** A metered model with no price while a money limit applies: refused, whatever it asks (SPEC §7). */
+export async function unpricedUnderLimit(gw: Gateway, plan: Plan): Promise<boolean> {
+  return plan.upstream.billing === 'metered' && !plan.price && gw.config.prices.unpriced === 'refuse' && (await moneyLimitApplies(gw, plan));
+}
+
 /** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
 export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
   if (plan.tokenRefusal) {
     return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, plan.runState?.budgetTokens ?? plan.bounds.tokenBudget, plan);
   }
-  if (plan.upstream.billing === 'metered' && !plan.price && gw.config.prices.unpriced === 'refuse' && (await moneyLimitApplies(gw, plan))) {
+  if (await unpricedUnderLimit(gw, plan)) {
     const r = modelNotPriced(plan.model);
     return new GatewayError(r.code, r.message, r.details, r.param);
   }

@@ -206,3 +206,22 @@ t.test('in final-answer mode max_affordable_allowance is what the window admits 
   await res.text();
 });
 
+t.test('an unpriced metered model under a money limit affords no allowance, whichever refusal comes first', async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(upstream.url, { contextWindow: 100 })],
+    runs: { tokenBudget: 50 },
+    auth: { keys: [{ key: 'tg-a', tenant: 'a', monthlyBudgetUsd: 10 }] },
+  });
+  const plan = async (request: Json) =>
+    (await (
+      await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer tg-a' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })
+    ).json()) as Json;
+  for (const maxTokens of [10, 60, 200]) {
+    const a = await plan({ model: 'gpt-zzz', messages: [{ role: 'user', content: 'hi' }], max_tokens: maxTokens });
+    t.equal((a.verdict as Json).admit, false, `max_tokens ${maxTokens}: refused`);
+    t.equal(a.max_affordable_allowance, 0, `max_tokens ${maxTokens}: no max_tokens would be admitted`);
+  }
+  t.equal(upstream.requests.length, 0);
+});
