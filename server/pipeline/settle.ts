@@ -60,6 +60,33 @@ export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
   return trustedCompletionTokens(plan, figures(usage, null)) !== null;
 }
 
+/**
+ * The conversation's new head, written in the same commit as the settlement: every admitted chat
+ * request is the most recent of its conversation (SPEC §8), whatever its outcome — else the next
+ * request, which resends these messages without the conversation's header, would be inferred into
+ * a new conversation with a fresh run budget. What the head says the upstream has cached is what
+ * it really read: a final answer read its messages without tools (so the prefix is its own, with
+ * no tool offer); an upstream that failed before any output read nothing to rely on (no prefix is
+ * shared with it); and its cost is no guide for the next model's estimate.
+ */
+function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: number): ConversationHead | undefined {
+  if (!plan.chatCount) return undefined;
+  const finalAnswer = plan.mode === 'final-answer';
+  return {
+    conversation: plan.conversation,
+    keyId: plan.principal.keyId,
+    tenant: plan.principal.tenant,
+    model: plan.model,
+    toolHash: finalAnswer ? '' : plan.toolHash,
+    chain: plan.chain,
+    prefix: o.refundAll ? plan.chatCount.prefix.map(() => 0) : plan.chatCount.prefix,
+    lastCostUsd: o.refundAll ? null : costUsd,
+    lastPromptTokens: plan.rows.sumTokens,
+    lastOutputTokens: generated,
+    time: plan.time,
+  };
+}
+
 export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
   const f = figures(o.usage, o.timings);
   const trusted = o.refundAll ? null : trustedCompletionTokens(plan, f);
@@ -105,23 +132,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
     finishedAt: gw.clock(),
   };
   const succeeded = !o.refundAll && o.status < 400;
-  // The conversation's new head goes in the same commit as the settlement.
-  const head: ConversationHead | undefined =
-    succeeded && plan.chatCount && plan.mode === 'normal'
-      ? {
-          conversation: plan.conversation,
-          keyId: plan.principal.keyId,
-          tenant: plan.principal.tenant,
-          model: plan.model,
-          toolHash: plan.toolHash,
-          chain: plan.chain,
-          prefix: plan.chatCount.prefix,
-          lastCostUsd: cost.costUsd,
-          lastPromptTokens: plan.rows.sumTokens,
-          lastOutputTokens: tokens.generated,
-          time: plan.time,
-        }
-      : undefined;
+  const head = headAfter(plan, o, cost.costUsd, tokens.generated);
   let month: MonthAfterSettle | null;
   try {
     month = await gw.ledger.settle(plan.id, settlement, head);

@@ -179,3 +179,48 @@ t.test('a run budget no larger than the default reserve (1,024) sends tools requ
   t.equal(smaller.notice, null, 'a normal tool round, not the final answer');
   t.ok(smaller.toolsOffered, 'tools were offered to the model');
 });
+
+t.test('without the conversation header, the request after a final answer (or after a failed turn) stays in its conversation and run', async (t) => {
+  // Regression: only a normal turn that succeeded wrote the conversation's head, and an inferred
+  // conversation is found by its heads: the next request, resending the same messages, started a
+  // new conversation with a fresh run budget — one question spent 2.4× its budget.
+  const upstream = await startOpenAiDouble({ completionTokens: 1000, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 450, answerReserveTokens: 300 } });
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+  const messages: Array<Record<string, unknown>> = [
+    { role: 'system', content: 'You research.' },
+    { role: 'user', content: 'The question.' },
+  ];
+  const send = async () => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages, tools, max_tokens: 150 }) });
+    const body = (await res.json()) as { choices?: Array<{ message: { content: string | null } }>; error?: { remaining: number } };
+    if (res.status === 200) messages.push({ role: 'assistant', content: body.choices![0]!.message.content });
+    return { status: res.status, remaining: body.error?.remaining, conversation: res.headers.get('x-tollgate-conversation'), notice: res.headers.get('x-tollgate-notice'), charge: Number(res.headers.get('x-tollgate-charge-tokens')) };
+  };
+  const first = await send();
+  t.equal(first.notice, 'finishing-the-answer; reason=tokens', 'the budget leaves room for the answer only');
+  let charged = first.charge;
+  for (let i = 0; i < 3; i++) {
+    const next = await send();
+    if (next.status !== 200) {
+      t.equal(next.status, 402, 'the run has spent its budget');
+      t.equal(next.remaining, 450 - charged, 'what the run has left, not a fresh budget');
+      break;
+    }
+    t.equal(next.conversation, first.conversation, 'the same conversation, inferred');
+    charged += next.charge;
+  }
+  t.ok(charged <= 450, `the question was charged ${charged} ≤ its budget of 450`);
+  const rows = await ledgerRows(gw.url);
+  t.equal(new Set(rows.map((r) => r.run)).size, 1, 'one run');
+
+  // An upstream that fails before any output: the retry of the same messages is the same conversation.
+  const failing = await startOpenAiDouble({ failWith: { status: 400, body: { error: { message: 'no', type: 'invalid_request_error' } } } });
+  t.teardown(failing.close);
+  const gw2 = await startGateway(t, { upstreams: [openaiUpstream(failing.url)] });
+  const ask = async () =>
+    (await fetch(`${gw2.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Again?' }] }) })).headers.get('x-tollgate-conversation');
+  const a = await ask();
+  t.equal(await ask(), a, 'a retry after a failed turn joins its conversation');
+});
