@@ -166,8 +166,11 @@ async function relayAdmitted(
     const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 502;
     // Only an upstream failure refunds the whole reservation; a client that left while the model
     // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
-    settled = await settle(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone });
-    if (plan.mode === 'final-answer' && !abort.signal.aborted) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    // A final turn that failed is answered with the evidence excerpt: the client gets a 200, and
+    // the ledger says so.
+    const fallback = plan.mode === 'final-answer' && !abort.signal.aborted;
+    settled = await settle(gw, plan, { status: fallback ? 200 : status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: !clientGone });
+    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(status, clientGone ? undefined : err);
     // A 502/504 (or a stopping gateway's 503) carries the settled figures too (whole refund), as an
     // upstream's own error does.
@@ -178,8 +181,9 @@ async function relayAdmitted(
   if (res.statusCode >= 400) {
     const text = await readText(res.body).catch(() => '');
     upstreamMs = performance.now() - tForward;
-    settled = await settle(gw, plan, { status: res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true });
-    if (plan.mode === 'final-answer') return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    const fallback = plan.mode === 'final-answer';
+    settled = await settle(gw, plan, { status: fallback ? 200 : res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true });
+    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(res.statusCode);
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).

@@ -103,6 +103,10 @@ for (const stream of [false, true]) {
     t.ok(reserved > 0);
     t.equal(final.headers.get('x-tollgate-charge-tokens'), '0');
     t.equal(Number(final.headers.get('x-tollgate-refund-tokens')), reserved);
+    // 4. The ledger records what the client got: a 200 answered with the excerpt.
+    const rows: Array<{ status: number; fallback: boolean }> = [];
+    for await (const r of gw.ledger.exportRows(null, null)) rows.push(r as unknown as { status: number; fallback: boolean });
+    t.match(rows.at(-1), { status: 200, fallback: true });
   });
 }
 
