@@ -143,7 +143,8 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const notices: string[] = [];
   const m = gw.metrics;
   m.outputTokens.inc({ kind: 'generated' }, tokens.generated);
-  m.outputTokens.inc({ kind: 'refunded' }, tokens.refundTokens);
+  // Output tokens only: a whole refund gives back the prompt's charge too, but it is no output.
+  m.outputTokens.inc({ kind: 'refunded' }, plan.allowance - tokens.generated);
   if (cost.costUsd) m.costUsd.inc(cost.costUsd);
   if (cost.savedUsd) m.savedUsd.inc(cost.savedUsd);
   const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);

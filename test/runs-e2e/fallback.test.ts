@@ -107,6 +107,12 @@ for (const stream of [false, true]) {
     const rows: Array<{ status: number; fallback: boolean }> = [];
     for await (const r of gw.ledger.exportRows(null, null)) rows.push(r as unknown as { status: number; fallback: boolean });
     t.match(rows.at(-1), { status: 200, fallback: true });
+    // 5. The output metrics add up: what was reserved was generated or refunded, no more (the
+    // prompt's charge came back too, but it is no output).
+    const reservedOut = await metricValue(gw.registry, 'tollgate_output_tokens_total', { kind: 'reserved' });
+    const generated = await metricValue(gw.registry, 'tollgate_output_tokens_total', { kind: 'generated' });
+    const refunded = await metricValue(gw.registry, 'tollgate_output_tokens_total', { kind: 'refunded' });
+    t.equal(generated + refunded, reservedOut, `reserved ${reservedOut} = generated ${generated} + refunded ${refunded}`);
   });
 }
 
