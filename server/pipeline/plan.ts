@@ -304,10 +304,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       runStartedAt: runState?.startedAt ?? null,
       remainingTokens: remaining,
       neededTokens: promptCharge + rows.allowance,
-      // The final request drops the tools and takes its allowance from what the run has left, so
-      // it needs at least one token per choice here; its own prompt is checked below once counted
-      // (SPEC §11: 402 only when even the final answer cannot fit).
-      finalNeededTokens: valid.n,
+      // The final request drops the tools and takes its allowance from what the run has left: it
+      // is counted below, and refused (SPEC §11: 402 only when even the final answer cannot fit)
+      // with its own figures, its prompt and one token per choice — not decided here.
+      finalNeededTokens: 0,
     });
     if (decision.mode === 'final-answer') {
       mode = 'final-answer';

@@ -224,3 +224,42 @@ t.test('without the conversation header, the request after a final answer (or af
   const a = await ask();
   t.equal(await ask(), a, 'a retry after a failed turn joins its conversation');
 });
+
+t.test("a run with nothing left is refused with the final answer's own figures: its prompt and one token", async (t) => {
+  // Regression: the refusal said `needed: 1` beside the tool request's prompt and max_tokens.
+  const upstream = await startOpenAiDouble({ completionTokens: 1000, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 600, answerReserveTokens: 100 } });
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+  const messages: Array<Record<string, unknown>> = [{ role: 'user', content: 'The question.' }];
+  const send = async () => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-spent' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages, tools, max_tokens: 300 }),
+    });
+    return { res, body: (await res.json()) as Record<string, any> };
+  };
+  // A tool round, then the final answer, which spends everything left.
+  let turn = await send();
+  messages.push(turn.body.choices[0].message, { role: 'tool', tool_call_id: turn.body.choices[0].message.tool_calls[0].id, content: 'found it' });
+  turn = await send();
+  t.equal(turn.res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  messages.push({ role: 'assistant', content: turn.body.choices[0].message.content });
+  const plan = (await (
+    await fetch(`${gw.url}/v1/admission`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-spent' },
+      body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { model: 'gpt-4o-mini', messages, tools, max_tokens: 300 } }),
+    })
+  ).json()) as Record<string, any>;
+  const refused = await send();
+  t.equal(refused.res.status, 402);
+  const e = refused.body.error;
+  t.equal(e.remaining, 0);
+  t.equal(e.allowance, 1, 'the final answer needs one token at least');
+  t.equal(e.needed, e.prompt_tokens + 1, 'needed = its prompt + that token');
+  t.ok(e.prompt_tokens > 1);
+  t.match(e.message, `needs ${e.needed} tokens (prompt ${e.prompt_tokens} + max output 1), 0 of the run's 600 tokens remain`);
+  t.same(plan.verdict.error, refused.body, 'admission said so too');
+});
