@@ -14,9 +14,19 @@ import { spendView } from './spend.js';
 
 type Body = Record<string, unknown>;
 
-function body(value: unknown): Body {
+/**
+ * The route's JSON body, holding only the fields it takes. A field it does not take is refused
+ * before anything changes, as the config reader refuses one: a misspelt `monthly_budget` must not
+ * pass as "no budget".
+ */
+function body(value: unknown, fields: readonly string[]): Body {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new GatewayError('invalid_request', 'request body must be a JSON object');
+  }
+  for (const field of Object.keys(value)) {
+    if (!fields.includes(field)) {
+      throw new GatewayError('invalid_request', `${field}: unknown field (expected ${fields.join(', ')})`, {}, field);
+    }
   }
   return value as Body;
 }
@@ -68,7 +78,7 @@ const route: FastifyPluginAsync = async (app) => {
   const ledger = () => app.gateway.ledger;
 
   app.post('/admin/tenants', async (request, reply) => {
-    const b = body(request.body);
+    const b = body(request.body, ['id', 'monthly_budget_usd']);
     const tenant = id(b, 'id');
     // Posting a tenant that exists changes only what the body says: without monthly_budget_usd its
     // budget stays (a repeated set-up script must not lift a limit by leaving a field out).
@@ -80,7 +90,7 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.put<{ Params: { id: string } }>('/admin/tenants/:id/budget', async (request) => {
-    const b = body(request.body);
+    const b = body(request.body, ['monthly_budget_usd']);
     const budget = usdOrNull(b, 'monthly_budget_usd', true) ?? null;
     if (!(await ledger().setTenantBudget(request.params.id, budget))) {
       throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
@@ -89,7 +99,7 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.post('/admin/keys', async (request, reply) => {
-    const b = body(request.body);
+    const b = body(request.body, ['tenant', 'name']);
     const tenant = id(b, 'tenant');
     if (b.name !== undefined && b.name !== null && typeof b.name !== 'string') {
       throw new GatewayError('invalid_request', 'name: must be a string (or null)', {}, 'name');
@@ -114,7 +124,7 @@ const route: FastifyPluginAsync = async (app) => {
     if (!isConversationId(request.params.id)) {
       throw new GatewayError('invalid_request', `conversation id: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, 'id');
     }
-    const b = body(request.body);
+    const b = body(request.body, ['cap_usd']);
     const cap = usdOrNull(b, 'cap_usd', true) ?? null;
     await ledger().setConversationCap(request.params.id, null, cap);
     return { conversation: request.params.id, cap_usd: cap };

@@ -164,3 +164,28 @@ t.test('spend views show sums rounded like each turn, with no float dust', async
   t.equal((await call(gw.url, 'GET', '/admin/conversations/dust/spend', ADMIN)).body.spent_usd, 0.3);
 });
 
+
+t.test('a field a route does not take is a 400 naming it, and changes nothing (a misspelt budget is not "no budget")', async (t) => {
+  const { gw } = await moneyWorld(t);
+  t.equal((await call(gw.url, 'PUT', '/admin/tenants/alice/budget', ADMIN, { monthly_budget_usd: 7 })).status, 200);
+  const cases: Array<[string, string, Record<string, unknown>, string, string]> = [
+    ['POST', '/admin/tenants', { id: 'acme', monthly_budget: 5 }, 'monthly_budget', 'monthly_budget: unknown field (expected id, monthly_budget_usd)'],
+    ['POST', '/admin/tenants', { id: 'acme', monthlyBudgetUsd: 5 }, 'monthlyBudgetUsd', 'monthlyBudgetUsd: unknown field (expected id, monthly_budget_usd)'],
+    ['PUT', '/admin/tenants/alice/budget', { monthly_budget_usd: 1, note: 'x' }, 'note', 'note: unknown field (expected monthly_budget_usd)'],
+    ['PUT', '/admin/tenants/alice/budget', { budget_usd: 1 }, 'budget_usd', 'budget_usd: unknown field (expected monthly_budget_usd)'],
+    ['POST', '/admin/keys', { tenant: 'x', monthly_budget_usd: 5 }, 'monthly_budget_usd', 'monthly_budget_usd: unknown field (expected tenant, name)'],
+    ['PUT', '/admin/conversations/c1/cap', { cap: 1 }, 'cap', 'cap: unknown field (expected cap_usd)'],
+    ['PUT', '/admin/conversations/c1/cap', { cap_usd: 1, tenant: 'alice' }, 'tenant', 'tenant: unknown field (expected cap_usd)'],
+  ];
+  for (const [method, path, body, param, message] of cases) {
+    const r = await call(gw.url, method, path, ADMIN, body);
+    t.equal(r.status, 400, `${method} ${path} ${JSON.stringify(body)}`);
+    t.match(r.body, { error: { code: 'invalid_request', type: 'invalid_request_error', param, message } });
+  }
+  // Nothing the refused calls asked for happened: no tenant acme or x, alice's budget as it was,
+  // no cap on c1.
+  t.equal((await call(gw.url, 'GET', '/admin/tenants/acme/spend', ADMIN)).status, 404);
+  t.equal((await call(gw.url, 'GET', '/admin/tenants/x/spend', ADMIN)).status, 404);
+  t.equal((await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN)).body.monthly_budget_usd, 7);
+  t.equal((await call(gw.url, 'GET', '/admin/conversations/c1/spend', ADMIN)).status, 404);
+});
