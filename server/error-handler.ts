@@ -49,28 +49,31 @@ export function registerErrorHandling(app: FastifyInstance): void {
 
   app.setErrorHandler((err: FastifyError | GatewayError | Error, request, reply) => {
     const gw = app.gateway;
-    const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS) => {
+    // The request's one line (SPEC §10), unless the pipeline wrote it: a refusal the gateway made
+    // at info; a failure (5xx) at warn, or at error for a bug, with what went wrong.
+    const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS, failure?: { level: 'warn' | 'error'; err: unknown }) => {
       if (!request.settledLogged) {
         const model = request.routedModel ?? null;
         const upstream = model === null ? null : (gw.upstreams.route(model)?.name ?? null);
         // The proxied endpoints only, as their answers are counted (run-request.ts): a route that
         // counted only its failures would read as failing every time.
         if (proxied(request)) gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
-        request.log.info(
-          { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream },
-          'request refused',
-        );
+        const line = { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream };
+        if (failure) request.log[failure.level]({ ...line, err: failure.err }, 'request failed');
+        else request.log.info(line, 'request refused');
         request.settledLogged = true;
       }
       return reply.code(status).headers(headers).send(body);
     };
     if (err instanceof GatewayError) {
-      // Refusals of model requests: not an operator call without its token, nor a scrape without its own.
-      if (err.status < 500 && proxied(request)) gw.metrics.refusals.inc({ reason: err.code });
-      // (A settled model request has logged the failure on its one line already.)
-      else if (!request.settledLogged) request.log.warn({ code: err.code, err: err.message }, 'upstream or gateway failure');
-      // Refusals are final; an upstream failure (5xx) is not, so SDKs keep their own retry rules.
-      return answer(err.status, err.code, err.toEnvelope(), err.status < 500 ? NO_RETRY_HEADERS : {});
+      if (err.status < 500) {
+        // Refusals of model requests: not an operator call without its token, nor a scrape without its own.
+        if (proxied(request)) gw.metrics.refusals.inc({ reason: err.code });
+        return answer(err.status, err.code, err.toEnvelope());
+      }
+      // An upstream failure (5xx) is not final, so SDKs keep their own retry rules. (A settled
+      // model request has logged it on its one line already.)
+      return answer(err.status, err.code, err.toEnvelope(), {}, { level: 'warn', err: err.message });
     }
     const fe = err as FastifyError;
     if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
@@ -83,8 +86,9 @@ export function registerErrorHandling(app: FastifyInstance): void {
       request.log.debug({ err: err.message }, 'client went away');
       return reply.code(499).send();
     }
-    request.log.error({ err }, 'unexpected error');
-    return answer(500, 'internal_error', envelope('internal_error', 'internal error in the gateway', 'server_error'), {});
+    // A bug. Its stack is wanted even when a settled line (which has only its message) was written.
+    if (request.settledLogged) request.log.error({ err }, 'unexpected error');
+    return answer(500, 'internal_error', envelope('internal_error', 'internal error in the gateway', 'server_error'), {}, { level: 'error', err });
   });
   app.setNotFoundHandler((request, reply) => {
     reply

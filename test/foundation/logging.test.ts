@@ -192,6 +192,43 @@ t.test('operator calls, admission and the info routes get one line each, without
   t.notMatch(gw.output(), new RegExp(KEY), 'no client key');
 });
 
+t.test('a refusal outside a model request is one line at info; a failure is one line at warn', async (t) => {
+  const gw = await loggedGateway(t, 'info');
+  const admin = { authorization: 'Bearer admin-secret', 'content-type': 'application/json' };
+  // Regression: each of these also wrote a warn line "upstream or gateway failure" (two lines, SPEC §10).
+  const refusals: Array<[string, string, Record<string, string>, unknown, number, string]> = [
+    ['GET', '/admin/ledger', { authorization: `Bearer ${KEY}` }, undefined, 403, 'forbidden'],
+    ['GET', '/admin/ledger', {}, undefined, 401, 'admin_token_required'],
+    ['GET', '/admin/ledger?since=yesterday', admin, undefined, 400, 'invalid_request'],
+    ['PUT', '/admin/tenants/nobody/budget', admin, { monthly_budget_usd: 1 }, 404, 'not_found'],
+    ['GET', '/v1/conversations/none-such/spend', { authorization: `Bearer ${KEY}` }, undefined, 404, 'not_found'],
+  ];
+  // 1. every gateway-made refusal: one 'request refused' line at info with its status and code
+  for (const [method, path, headers, body, status, code] of refusals) {
+    const seen = gw.lines().length;
+    const res = await fetch(`${gw.url}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    t.equal(res.status, status, `${method} ${path}`);
+    await res.text();
+    const lines = gw.lines().slice(seen);
+    t.equal(lines.length, 1, `${method} ${path} → ${status}: one line (${lines.map((l) => l.msg).join(', ')})`);
+    t.match(lines[0], { msg: 'request refused', level: 30, status, code });
+  }
+  // 2. an upstream failure the pipeline did not log (a 200 whose body is an error): one line, at
+  // warn, saying why
+  gw.upstream.options.failWith = { status: 200, body: { error: { message: 'No endpoints found', code: 404 } } };
+  const seen = gw.lines().length;
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 10 }),
+  });
+  t.equal(res.status, 502);
+  await res.text();
+  const lines = gw.lines().slice(seen);
+  t.equal(lines.length, 1, `one line: ${lines.map((l) => l.msg).join(', ')}`);
+  t.match(lines[0], { msg: 'request failed', level: 40, status: 502, code: 'upstream_bad_response', tenant: 'acme', model: 'gpt-4o', upstream: 'openai', err: /No endpoints found/ });
+});
+
 t.test('an upstream key variable the environment lacks is warned about at start, by name only', async (t) => {
   let output = '';
   const stream = new Writable({
