@@ -101,6 +101,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });
 
+  // What the config names and can still be wrong (the price overrides file) is read before the
+  // store is opened: a start refused for it leaves no ledger file and no migration behind.
+  const prices = PriceTable.load(config.prices.overrides);
+
   // A gateway serves its SQLite file alone: it waits for a process still holding it (ADR 0016).
   const ledger =
     opts.ledger ??
@@ -164,7 +168,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     upstreams,
     auth: new Authenticator(config, ledger),
     counters: gatewayCounters(config, clock),
-    prices: PriceTable.load(config.prices.overrides),
+    prices,
     warnings: new NowAndThen(clock),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,

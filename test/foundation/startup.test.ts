@@ -4,7 +4,7 @@
 
 import t, { type Test } from 'tap';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { freePort } from '../helpers/process.js';
@@ -195,6 +195,19 @@ t.test('a price overrides file that cannot be read is a configuration error too:
   t.equal(await s.exited, 2);
   t.match(s.stderr(), /^tollgate: invalid configuration: prices\.overrides: cannot read /);
   t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
+});
+
+t.test('a bad price overrides file is refused before the ledger is opened: exit 2, no ledger file left behind', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const prices = join(dir, 'prices.json');
+  writeFileSync(prices, JSON.stringify({ models: { 'gpt-4o': { input_mtok: -1, output_mtok: 10, date: '2026-01-01' } } }));
+  // The default store: tollgate.db in the working directory, where a refused start must leave nothing.
+  const { store: _store, ...noStore } = minimalConfig(dir, { prices: { overrides: prices } });
+  const s = startConfigured(t, dir, noStore, { TOLLGATE_PORT: String(port) });
+  t.equal(await s.exited, 2);
+  t.match(s.stderr(), /^tollgate: invalid configuration: prices\.models\["gpt-4o"\]\.input_mtok: /);
+  t.same(readdirSync(dir).sort(), ['config.json', 'prices.json'], 'no tollgate.db, -wal, -shm or -lock file');
 });
 
 t.test('a ledger path in a folder that does not exist: exit 2, naming store.path and the file', async (t) => {
