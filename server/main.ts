@@ -3,6 +3,7 @@
 //   TOLLGATE_CONFIG  JSON config file (optional: a zero-config default is served without it)
 //   TOLLGATE_HOST    default 127.0.0.1
 //   TOLLGATE_PORT    default 8787
+// (set but empty is the default, as unset: `TOLLGATE_PORT=` in a compose file is not port 0)
 
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
@@ -35,9 +36,11 @@ async function main(): Promise<void> {
     exitIfConfigProblem(err);
     throw err;
   }
-  const host = env.TOLLGATE_HOST ?? '127.0.0.1';
-  const port = Number(env.TOLLGATE_PORT ?? 8787);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+  const host = env.TOLLGATE_HOST || '127.0.0.1';
+  // Digits only: Number() reads '' and ' ' as 0 (a random port) and '0x1f90' as 8080.
+  const portText = env.TOLLGATE_PORT || '8787';
+  const port = /^\d{1,5}$/.test(portText) ? Number(portText) : NaN;
+  if (Number.isNaN(port) || port > 65535) {
     process.stderr.write(`tollgate: TOLLGATE_PORT must be a port number, got "${env.TOLLGATE_PORT}"\n`);
     process.exit(2);
   }

@@ -7,6 +7,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createServer } from 'node:net';
 import { freePort } from '../helpers/process.js';
 
 const root = new URL('../..', import.meta.url).pathname;
@@ -160,6 +161,53 @@ t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
   await waitHealthy(`http://127.0.0.1:${port}`, s);
   const res = await fetch(`http://127.0.0.1:${port}/v1/models`);
   t.equal(res.status, 401, 'and the keys are required');
+});
+
+/** Resolves with the exit code, or 'listening' once the start-up line says so (killed at teardown). */
+async function exitedOrListening(t: Test, s: Started): Promise<number | null | 'listening'> {
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  let code: number | null | undefined;
+  void s.exited.then((c) => (code = c));
+  while (code === undefined && !s.stdout().includes('tollgate listening')) await new Promise((r) => setTimeout(r, 50));
+  return code === undefined ? 'listening' : code;
+}
+
+t.test('TOLLGATE_PORT set but empty is the default port 8787, not a random one', async (t) => {
+  const dir = tempDir(t);
+  // Hold 8787 (if something else already does, the same follows): the gateway must try it and fail.
+  const holder = createServer();
+  await new Promise<void>((resolve) => {
+    holder.once('error', () => resolve());
+    holder.listen(8787, '127.0.0.1', () => resolve());
+  });
+  t.teardown(() => new Promise<void>((resolve) => (holder.listening ? holder.close(() => resolve()) : resolve())));
+  const s = start(dir, { TOLLGATE_PORT: '' });
+  t.equal(await exitedOrListening(t, s), 1, 'it did not listen anywhere else');
+  t.match(s.stderr(), /EADDRINUSE.*127\.0\.0\.1:8787/);
+});
+
+t.test('TOLLGATE_HOST set but empty is the default 127.0.0.1', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_HOST: '' });
+  t.equal(await exitedOrListening(t, s), 'listening', `listening (${s.stderr()})`);
+  await waitHealthy(`http://127.0.0.1:${port}`, s);
+  const line = s
+    .stdout()
+    .split('\n')
+    .find((l) => l.includes('tollgate listening'));
+  t.match(JSON.parse(line ?? '{}'), { host: '127.0.0.1', port });
+});
+
+t.test('a TOLLGATE_PORT that is not a port number exits 2 naming it', async (t) => {
+  for (const value of ['abc', ' ', '0x1f90', '65536']) {
+    const dir = tempDir(t);
+    const s = start(dir, { TOLLGATE_PORT: value });
+    t.equal(await exitedOrListening(t, s), 2, `TOLLGATE_PORT="${value}"`);
+    t.match(s.stderr(), `tollgate: TOLLGATE_PORT must be a port number, got "${value}"`);
+  }
 });
 
 t.test('a bad config file exits non-zero naming the field', async (t) => {
