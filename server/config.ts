@@ -224,6 +224,8 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   root.rejectUnknown();
   checkAnswerReserves(root, config);
   const keys = new Map<string, number>();
+  /** Each tenant's first key that gives a monthlyBudgetUsd. */
+  const budgetFrom = new Map<string, number>();
   for (const [i, k] of config.auth.keys.entries()) {
     if (!k.key.startsWith('tg-')) root.fail(`auth.keys[${i}].key`, 'must start with "tg-"');
     if (!TENANT_ID.test(k.tenant)) root.fail(`auth.keys[${i}].tenant`, TENANT_ID_RULE);
@@ -231,6 +233,16 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
     const first = keys.get(k.key);
     if (first !== undefined) root.fail(`auth.keys[${i}].key`, `repeats auth.keys[${first}].key: a key belongs to one tenant`);
     keys.set(k.key, i);
+    // A key's monthlyBudgetUsd is its tenant's (server/configured-tenants.ts): two keys giving one
+    // tenant different budgets would leave the last to win, unsaid. The same figure again is fine.
+    if (k.monthlyBudgetUsd !== null) {
+      const from = budgetFrom.get(k.tenant);
+      const given = from === undefined ? undefined : config.auth.keys[from].monthlyBudgetUsd;
+      if (from === undefined) budgetFrom.set(k.tenant, i);
+      else if (given !== k.monthlyBudgetUsd) {
+        root.fail(`auth.keys[${i}].monthlyBudgetUsd`, `tenant "${k.tenant}" already has monthlyBudgetUsd ${given} from auth.keys[${from}]`);
+      }
+    }
   }
   const tenants = new Map<string, number>();
   for (const [i, tenant] of config.tenants.entries()) {

@@ -85,6 +85,22 @@ t.test('a key belongs to one tenant; tenant ids are ones the operator API can na
   t.match(configError({ ...base, auth: { keys: [{ key: 'tg-k', tenant: 'has space' }] } }), /^auth\.keys\[0\]\.tenant: must be 1–128 letters/);
 });
 
+t.test("keys of one tenant give it one monthly budget: a different one is an error, not the last winning", async (t) => {
+  const base = { upstreams: [upstream()] };
+  const keys = (...budgets: Array<number | null | undefined>) => ({
+    ...base,
+    auth: { keys: budgets.map((b, i) => ({ key: `tg-k${i}`, tenant: 't', ...(b === undefined ? {} : { monthlyBudgetUsd: b }) })) },
+  });
+  t.equal(configError(keys(5, 7)), 'auth.keys[1].monthlyBudgetUsd: tenant "t" already has monthlyBudgetUsd 5 from auth.keys[0]');
+  // The first key that gives one is named, past keys that give none.
+  t.equal(configError(keys(undefined, 5, 5, 0)), 'auth.keys[3].monthlyBudgetUsd: tenant "t" already has monthlyBudgetUsd 5 from auth.keys[1]');
+  // The same figure again, or none (or null) on some keys, is one budget.
+  t.equal(parseConfig(keys(5, 5), {}).auth.keys[1].monthlyBudgetUsd, 5);
+  t.doesNotThrow(() => parseConfig(keys(5, undefined, null, 5), {}));
+  // Keys of different tenants are not compared.
+  t.doesNotThrow(() => parseConfig({ ...base, auth: { keys: [{ key: 'tg-a', tenant: 'a', monthlyBudgetUsd: 5 }, { key: 'tg-b', tenant: 'b', monthlyBudgetUsd: 7 }] } }, {}));
+});
+
 t.test('defaults', async (t) => {
   const c = parseConfig({ upstreams: [upstream()] }, {});
   t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
