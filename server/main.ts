@@ -81,7 +81,19 @@ async function main(): Promise<void> {
   process.on('SIGINT', () => void shutdown('SIGINT'));
   process.on('SIGTERM', () => void shutdown('SIGTERM'));
 
-  await app.listen({ host, port });
+  try {
+    await app.listen({ host, port });
+  } catch (err) {
+    // Another process has the address: say so plainly, with what to change (no stack needed).
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'EADDRINUSE' || code === 'EADDRNOTAVAIL' || code === 'EACCES') {
+      const why = code === 'EADDRINUSE' ? 'is already in use' : code === 'EACCES' ? 'may not be used by this user' : 'is not an address of this machine';
+      process.stderr.write(`tollgate: cannot listen on ${host}:${port} (${code}): it ${why}; set TOLLGATE_HOST / TOLLGATE_PORT\n`);
+      await app.close().catch(() => undefined);
+      process.exit(1);
+    }
+    throw err;
+  }
   app.log.info({ host, port, store: config.store.kind, upstreams: config.upstreams.map((u) => u.name) }, 'tollgate listening');
 }
 
