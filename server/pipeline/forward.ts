@@ -97,3 +97,13 @@ export function normaliseUpstreamError(status: number, text: string): Record<str
   const message = typeof err === 'string' ? err : text.slice(0, 2000) || `upstream answered ${status}`;
   return { error: { message, type: 'upstream_error', param: null, code: 'upstream_error' } };
 }
+
+/**
+ * An upstream error that the same request will meet again: a llama.cpp server's 500 for an
+ * embeddings input past its physical batch size (fixtures/llamacpp: emb-error-embeddings-overflow).
+ * It keeps its status, but the SDKs are told not to retry it (they retry every 5xx twice).
+ */
+export function upstreamErrorIsFinal(kind: 'openai' | 'llamacpp', status: number, body: Record<string, unknown>): boolean {
+  const message = (body.error as { message?: unknown } | undefined)?.message;
+  return kind === 'llamacpp' && status === 500 && typeof message === 'string' && /is too large to process\. increase the physical batch size/.test(message);
+}

@@ -12,7 +12,7 @@ import { validateRequest, type EndpointKind } from './endpoints.js';
 import type { Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
-import { forward, normaliseUpstreamError } from './forward.js';
+import { forward, normaliseUpstreamError, upstreamErrorIsFinal } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
@@ -187,10 +187,12 @@ async function relayAdmitted(
     finishLog(res.statusCode);
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).
+    const body = normaliseUpstreamError(res.statusCode, text);
+    const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
     reply
       .code(res.statusCode)
-      .headers({ ...upstreamHeaders(res.headers), ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
-      .send(normaliseUpstreamError(res.statusCode, text));
+      .headers({ ...upstreamHeaders(res.headers), ...final, ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
+      .send(body);
     return;
   }
 

@@ -124,3 +124,23 @@ t.test("llama.cpp's timings reach a streaming client where the server puts them"
   t.match(last.timings, { prompt_n: Number, cache_n: Number, predicted_n: Number }, 'and carries the timings');
   t.notOk(without.some((e) => e.usage), 'no usage chunk the client did not ask for');
 });
+
+t.test("an embeddings input past llama.cpp's batch size: its 500 is passed on once, marked final, and the SDK does not retry it", async (t) => {
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const { default: OpenAI } = await import('openai');
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 2 });
+  const embeddingsCalls = () => llama.requests.filter((r) => r.path === '/v1/embeddings').length;
+  let status: number | undefined;
+  let message = '';
+  try {
+    await client.embeddings.create({ model: 'tiny', input: [Array.from({ length: 600 }, (_, i) => i % 100)] });
+  } catch (err) {
+    status = (err as { status?: number }).status;
+    message = (err as Error).message;
+  }
+  t.equal(status, 500, "the server's own status");
+  t.match(message, /too large to process/);
+  t.equal(embeddingsCalls(), 1, 'one call reached the server: no retries');
+});
