@@ -22,7 +22,7 @@ export function initMetrics(registry: Registry = new Registry(), opts: { default
     }),
     promptTokens: new Counter({
       name: 'tollgate_prompt_tokens_total',
-      help: 'Prompt tokens planned: new (charged) or shared with the previous request',
+      help: 'Prompt tokens of admitted requests: new (charged to the run) or shared (credited as the previous request\'s prefix, less the 16 kept charged); the two add up to the prompt',
       labelNames: ['kind'] as const,
       registers,
     }),
