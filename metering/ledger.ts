@@ -34,6 +34,11 @@ export interface Reservation {
   allowance: number;
   /** The run's budget in tokens; null when the token bound is off. */
   runBudgetTokens: number | null;
+  /**
+   * Tokens of the run the request must leave untouched: a tool round keeps the run's answer
+   * reserve (SPEC §11); 0 otherwise. Checked in the same atomic step; not stored.
+   */
+  keepTokens?: number;
   /** Worst case in USD (whole prompt uncached + whole allowance, list price); null = not money. */
   worstCaseUsd: number | null;
   /** 'YYYY-MM' in UTC: the month the spend counts in. */
@@ -42,6 +47,12 @@ export interface Reservation {
 
 export type AdmitRefusal =
   | { ok: false; scope: 'run'; remainingTokens: number; neededTokens: number; limitTokens: number }
+  /**
+   * The request fits the run's budget but not beside the tokens it must keep (`keepTokens`):
+   * requests of the same run admitted meanwhile took the room its plan counted on. Planned again,
+   * it goes as the run's final answer (server/pipeline/admit.ts).
+   */
+  | { ok: false; scope: 'keep'; remainingTokens: number; neededTokens: number; keepTokens: number }
   | {
       ok: false;
       scope: 'conversation' | 'parent' | 'monthly';

@@ -58,6 +58,10 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
       limitTokens: s.budgetTokens,
     };
   }
+  const keep = r.keepTokens ?? 0;
+  if (s.budgetTokens !== null && keep > 0 && s.usedTokens + neededTokens + keep > s.budgetTokens) {
+    return { ok: false, scope: 'keep', remainingTokens: s.budgetTokens - s.usedTokens, neededTokens, keepTokens: keep };
+  }
   // A request that costs no money (local, plan, or unpriced-allowed) passes every money check.
   const needed = r.worstCaseUsd;
   if (needed === null) return { ok: true };

@@ -8,7 +8,7 @@ import type { Gateway } from '../gateway.js';
 import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } from '../../pricing/cheaper-models.js';
-import type { Plan } from './plan.js';
+import { isToolRound, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { conversationFamily } from './budgets.js';
 
@@ -35,6 +35,7 @@ export function reservationOf(plan: Plan): Reservation {
     runBudgetTokens: plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget,
     worstCaseUsd: plan.worstCaseUsd,
     month: plan.month,
+    keepTokens: isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0,
   };
 }
 
@@ -110,9 +111,19 @@ export function nestingError(plan: Plan, limit: number): GatewayError {
   );
 }
 
+/** A tool round that could not keep the answer reserve: only when planning again kept losing it. */
+function keepError(r: Extract<AdmitRefusal, { scope: 'keep' }>, plan: Plan): GatewayError {
+  return new GatewayError(
+    'token_budget_exhausted',
+    `run token budget: this tool round needs ${r.neededTokens} tokens and must leave the answer's reserve of ${r.keepTokens}, ${r.remainingTokens} of the run's tokens remain (requests of the same run running at once took them)`,
+    { remaining: r.remainingTokens, needed: r.neededTokens + r.keepTokens, limit: plan.runState?.budgetTokens ?? plan.bounds.tokenBudget, prompt_tokens: plan.promptCharge, allowance: plan.allowance, count_method: plan.rows.countMethod },
+  );
+}
+
 /** The error a refused admission answers with (the real request and /v1/admission alike). */
 export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Promise<GatewayError> {
   if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan);
+  if (r.scope === 'keep') return keepError(r, plan);
   if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
   return moneyError(gw, plan, r);
 }
@@ -134,13 +145,28 @@ export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | 
   return null;
 }
 
-export async function admit(gw: Gateway, plan: Plan): Promise<void> {
-  const early = await precheck(gw, plan);
-  if (early) throw early;
-  const result = await gw.ledger.admit(reservationOf(plan));
-  if (result.ok) {
-    gw.inFlight.add(plan.id);
-    return;
+/** Plans made for one request at most, when its tool round keeps losing its reserve to a race. */
+const MAX_PLANS = 3;
+
+/**
+ * Reserves the plan in one atomic step, and returns the plan admitted. A tool round whose run
+ * had its room taken, between planning and this step, by requests of the same run running at once
+ * is planned again — from the run as it is now, which sends it as the final answer when the
+ * reserve would not be left (SPEC §5, §11) — rather than admitted into the answer's reserve.
+ */
+export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<Plan>): Promise<Plan> {
+  for (let plans = 1; ; plans++) {
+    const early = await precheck(gw, plan);
+    if (early) throw early;
+    const result = await gw.ledger.admit(reservationOf(plan));
+    if (result.ok) {
+      gw.inFlight.add(plan.id);
+      return plan;
+    }
+    if (result.scope === 'keep' && planAgain && plans < MAX_PLANS) {
+      plan = await planAgain();
+      continue;
+    }
+    throw await refusalError(gw, plan, result);
   }
-  throw await refusalError(gw, plan, result);
 }

@@ -6,7 +6,7 @@ import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
 import { familyOf, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt } from '../../pricing/model-price.js';
-import { worstPromptTokens, type Plan } from './plan.js';
+import { isToolRound, worstPromptTokens, type Plan } from './plan.js';
 
 interface MoneyView {
   limit_usd: number;
@@ -92,8 +92,7 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | 
   // what the window leaves after its own prompt: server/pipeline/plan.ts).
   if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.sentLongestRow);
   if (s.budgetTokens !== null) {
-    const toolRound = plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
-    const reserve = toolRound ? (plan.bounds.answerReserveTokens ?? 0) : 0;
+    const reserve = isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0;
     limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge - reserve) / per));
   }
   if (plan.price && plan.upstream.billing === 'metered') {

@@ -71,6 +71,14 @@ export interface Plan {
   head: ConversationHead | null;
 }
 
+/**
+ * A tool round: a request that offers tools and goes as sent. It must leave the run's answer
+ * reserve untouched (SPEC §11); past that it goes as the final answer instead.
+ */
+export function isToolRound(plan: Plan): boolean {
+  return plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
+}
+
 /** Longest conversation id a client may name: its spend and cap routes take it in their path. */
 export const MAX_CONVERSATION_ID_LENGTH = 256;
 const PRINTABLE_ASCII = /^[\x20-\x7e]+$/;

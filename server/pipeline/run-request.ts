@@ -55,8 +55,8 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   request.routedModel = valid.model;
   const principal = await gw.auth.authenticate(request.headers.authorization);
   request.principal = principal;
-  const plan = await planRequest(gw, valid, principal, request.headers);
-  await admit(gw, plan);
+  const planOnce = () => planRequest(gw, valid, principal, request.headers);
+  const plan = await admit(gw, await planOnce(), planOnce);
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
   const once = { settling: false };

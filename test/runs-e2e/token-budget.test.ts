@@ -263,3 +263,32 @@ t.test("a run with nothing left is refused with the final answer's own figures: 
   t.match(e.message, `needs ${e.needed} tokens (prompt ${e.prompt_tokens} + max output 1), 0 of the run's 600 tokens remain`);
   t.same(plan.verdict.error, refused.body, 'admission said so too');
 });
+
+t.test('tool rounds of one run sent at once never take the answer reserve: those that would go as the final answer', async (t) => {
+  // Regression: the mode was decided from the run as planned, and the store checked only the run's
+  // budget, so four rounds admitted at once ate the answer's reserve (the answer then had 26 tokens).
+  const upstream = await startOpenAiDouble({ completionTokens: 1000, delayMs: 150, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const budget = 1000;
+  const reserve = 300;
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: budget, answerReserveTokens: reserve } });
+  const request = {
+    model: 'gpt-4o-mini',
+    max_tokens: 150,
+    messages: [{ role: 'user', content: 'Search everything at once.' }],
+    tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }],
+  };
+  const send = () =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-at-once' }, body: JSON.stringify(request) }).then(async (res) => {
+      await res.text();
+      return { status: res.status, notice: res.headers.get('x-tollgate-notice'), reserved: Number(res.headers.get('x-tollgate-reserved-tokens')) };
+    });
+  const results = await Promise.all([send(), send(), send(), send(), send(), send()]);
+  t.comment(JSON.stringify(results));
+  const rounds = results.filter((r) => r.status === 200 && r.notice === null);
+  const answers = results.filter((r) => r.notice === 'finishing-the-answer; reason=tokens');
+  t.ok(rounds.length >= 1 && answers.length >= 1, `${rounds.length} tool rounds, ${answers.length} final answers`);
+  const roundsReserved = rounds.reduce((n, r) => n + r.reserved, 0);
+  t.ok(roundsReserved <= budget - reserve, `the tool rounds reserved ${roundsReserved} ≤ ${budget - reserve}: the answer's reserve was kept`);
+  for (const r of results) t.ok(r.status === 200 || r.status === 402, `status ${r.status}`);
+});
