@@ -13,13 +13,24 @@ export const PRICIER_MIN_RATIO = 2;
 export const BUDGET_NEAR_NOTICE = 'budget-near';
 
 /**
+ * Spend is a sum of doubles: eight $0.10 turns come to 0.7999999999999999, not 0.8. A spend within
+ * this much of the 80 % line has reached it — the nano-dollar the admission checks tolerate too
+ * (`USD_EPSILON`, metering/stores/admission-check.ts), far below any turn's cost.
+ */
+export const BUDGET_NEAR_TOLERANCE_USD = 1e-9;
+
+/** True when `spentUsd` is at 80 % of the budget or past it (within the tolerance). */
+export function budgetNearReached(spentUsd: number, budgetUsd: number | null): boolean {
+  if (budgetUsd === null || !(budgetUsd > 0)) return false;
+  return spentUsd + BUDGET_NEAR_TOLERANCE_USD >= budgetUsd * BUDGET_NEAR_SHARE;
+}
+
+/**
  * True when this response moved the month's spend from below 80 % of the budget to 80 % or more.
  * The ledger's `claimBudgetNearNotice` then makes it once per tenant per month across replicas.
  */
 export function budgetNearCrossed(beforeUsd: number, afterUsd: number, budgetUsd: number | null): boolean {
-  if (budgetUsd === null || !(budgetUsd > 0)) return false;
-  const line = budgetUsd * BUDGET_NEAR_SHARE;
-  return beforeUsd < line && afterUsd >= line;
+  return !budgetNearReached(beforeUsd, budgetUsd) && budgetNearReached(afterUsd, budgetUsd);
 }
 
 export interface PricierInput {

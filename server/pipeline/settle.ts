@@ -6,7 +6,7 @@ import type { Plan } from './plan.js';
 import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
 import { turnCost } from '../../pricing/turn-cost.js';
-import { pricierNotice, BUDGET_NEAR_NOTICE, BUDGET_NEAR_SHARE } from '../../pricing/notices.js';
+import { pricierNotice, budgetNearReached, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
 
 type Json = Record<string, unknown>;
 
@@ -152,9 +152,8 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
 
   // The 80 % notice: the first settlement that leaves the month at or past 80 % of the budget (the
   // figures come from its own transaction) claims it in the store, once per tenant per month, so
-  // concurrent requests and replicas agree.
-  const budget = month?.monthlyBudgetUsd ?? null;
-  if (succeeded && cost.costUsd && month !== null && budget !== null && month.spentUsd >= budget * BUDGET_NEAR_SHARE) {
+  // concurrent requests and replicas agree. The line is met within a nano-dollar of float dust.
+  if (succeeded && cost.costUsd && month !== null && budgetNearReached(month.spentUsd, month.monthlyBudgetUsd ?? null)) {
     if (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month)) notices.push(BUDGET_NEAR_NOTICE);
   }
   // A plan turn spends no money, priced or not (ADR 0006): the client is told 0, as the ledger says.

@@ -82,6 +82,23 @@ t.test('budget-near on the response that crosses 80 %, once a month', async (t) 
   t.ok(close(nov.body.spent_usd as number, 1));
 });
 
+t.test('budget-near at exactly 80 % when the spend adds up in float dust (regression)', async (t) => {
+  // Eight $0.10 turns add up to 0.7999999999999999 in doubles, not 0.8: the notice was missed at
+  // 80 % and came with the ninth turn, at 90 %.
+  const { gw } = await moneyWorld(t, {
+    keys: [{ key: ALICE, tenant: 'alice', monthlyBudgetUsd: 1 }],
+    metered: { providerCost: 0.1, promptTokens: () => 10, completionTokens: 1 },
+  });
+  const body = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Next item' }], max_tokens: 5 };
+  const seen: Array<string | null> = [];
+  for (let i = 0; i < 9; i++) {
+    const r = await chat(gw, ALICE, body);
+    t.equal(r.status, 200);
+    seen.push(r.headers.get('x-tollgate-notice'));
+  }
+  t.same(seen, [null, null, null, null, null, null, null, 'budget-near', null], 'the eighth turn, at 80 %, says it');
+});
+
 t.test("/v1/admission's money budgets: spent is what settled, remaining also takes off what is in flight", async (t) => {
   const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 10 } });
   const body = { model: 'gpt-4o', messages: [{ role: 'user', content: 'Summarise the quarterly report' }], max_tokens: 10 };

@@ -1,6 +1,6 @@
 import t from 'tap';
 import type { ModelPrice } from '../../pricing/model-price.js';
-import { budgetNearCrossed, pricierNotice, estimateLikeLastUsd } from '../../pricing/notices.js';
+import { budgetNearCrossed, budgetNearReached, pricierNotice, estimateLikeLastUsd } from '../../pricing/notices.js';
 import { formatUsdHeader, formatUsdText } from '../../pricing/usd-format.js';
 
 const opus: ModelPrice = { model: 'opus', inputMtok: 15, cacheReadMtok: 1.5, outputMtok: 75, source: 'override:t', date: '2026-01-01' };
@@ -12,6 +12,15 @@ t.test('budget-near: only the response that crosses 80 %', async (t) => {
   t.notOk(budgetNearCrossed(40, 41, 50), 'already past before: said by an earlier response');
   t.notOk(budgetNearCrossed(0, 100, null), 'no budget, no notice');
   t.notOk(budgetNearCrossed(0, 100, 0), 'a zero budget has no 80 % line worth saying');
+});
+
+t.test('budget-near: float dust below the line has reached it', async (t) => {
+  let spent = 0;
+  for (let i = 0; i < 8; i++) spent += 0.1;
+  t.not(spent, 0.8, 'eight $0.10 turns do not add up to 0.8 in doubles');
+  t.ok(budgetNearReached(spent, 1), '…and still reach 80 % of $1');
+  t.ok(budgetNearCrossed(0.7, spent, 1));
+  t.notOk(budgetNearReached(0.7999, 1), 'a real shortfall is not dust');
 });
 
 t.test('pricier: estimate a reply like the last, uncached, at list price', async (t) => {
