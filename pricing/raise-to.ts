@@ -1,44 +1,48 @@
 // "Raise to $X" at a money limit (SPEC §6): twice the conversation's cap or one and a half times the
 // monthly budget, rounded UP to an amount a person would pick ($4, $4.50, $45 — never $4.14).
 //
-// The ladder (ADR 0006), in whole cents so float error cannot push a value off it:
-//   up to $1          multiples of $0.25   (0.25, 0.50, 0.75, 1)
-//   $1 – $10          multiples of $0.50   (1, 1.50, 2, … 7.50, … 10)
-//   $10 – $100        multiples of $5      (15, 20, … 45, … 100)
-//   $100 – $1,000     multiples of $50     and so on: each decade steps by 5 % of its top.
-// Every rung is a round figure a person would type; the cost is an overshoot of at most one step
-// (up to half the amount just past a decade's start, $10.01 → $15; about 5 % near its top).
+// The ladder (ADR 0006), in whole cents so float error cannot push a value off it: in each decade,
+//   1, 1.20, 1.50, 2, 2.50, 3, 3.50, 4, 4.50, 5, 6, 7.50, 8  (× $0.10, $1, $10, $100, …)
+// from $0.25 up (a raise is never to $0). Every rung is a round figure a person would type, and
+// the overshoot is at most a third (just past $1.50 → $2) and otherwise a quarter or less: a $60
+// cap offers $120, not $150.
 
-/** The ladder's step, in cents, for an amount of `cents` (rungs are (upper/10, upper]). */
-function stepCents(cents: number): number {
-  if (cents <= 100) return 25;
-  let step = 50;
-  let upper = 1000;
-  while (cents > upper) {
-    step *= 10;
-    upper *= 10;
-  }
-  return step;
-}
+/** The rungs of one decade, in units of a tenth of the decade's first rung. */
+const MANTISSAS = [10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 60, 75, 80] as const;
+/** The lowest rung, in cents. */
+const FLOOR_CENTS = 25;
 
 /** Whole cents, rounding up, without letting 4.14 * 100 = 413.99999… become 413 or 415. */
 function centsUp(usd: number): number {
   return Math.ceil(Math.round(usd * 1e6) / 1e4);
 }
 
-/** Round `amountUsd` up to the next rung of the ladder (at least $0.25: a raise is never to $0). */
-export function raiseTo(amountUsd: number): number {
-  if (!Number.isFinite(amountUsd) || amountUsd <= 0) return 0.25;
-  const cents = Math.max(1, centsUp(amountUsd));
-  const step = stepCents(cents);
-  // Each decade's top is a multiple of its step, so rounding up never leaves the decade and the
-  // result is itself a rung.
-  return (Math.ceil(cents / step) * step) / 100;
+/** The lowest rung at or above `cents` (decade 0 is 10–80 cents, decade 1 $1–$8, …). */
+function rungAtOrAbove(cents: number): number {
+  const c = Math.max(FLOOR_CENTS, cents);
+  for (let scale = 1; ; scale *= 10) {
+    for (const m of MANTISSAS) if (m * scale >= c) return m * scale;
+  }
 }
 
-/** The gap between `usd` (a rung) and the rung below it. */
+/** The rung just below `cents` (itself a rung above the floor): the next decade down's top, or the mantissa before. */
+function rungBelow(cents: number): number {
+  let scale = 1;
+  while (MANTISSAS[MANTISSAS.length - 1] * scale < cents) scale *= 10;
+  const i = MANTISSAS.findIndex((m) => m * scale === cents);
+  return i > 0 ? MANTISSAS[i - 1]! * scale : MANTISSAS[MANTISSAS.length - 1] * (scale / 10);
+}
+
+/** Round `amountUsd` up to the next rung of the ladder (at least $0.25: a raise is never to $0). */
+export function raiseTo(amountUsd: number): number {
+  if (!Number.isFinite(amountUsd) || amountUsd <= 0) return FLOOR_CENTS / 100;
+  return rungAtOrAbove(Math.max(1, centsUp(amountUsd))) / 100;
+}
+
+/** The gap between `usd` (a rung above the floor) and the rung below it. */
 export function ladderStepUsd(usd: number): number {
-  return stepCents(Math.max(1, centsUp(usd))) / 100;
+  const cents = rungAtOrAbove(Math.max(1, centsUp(usd)));
+  return (cents - rungBelow(cents)) / 100;
 }
 
 /** True when `usd` is exactly a rung of the ladder. */
@@ -46,7 +50,7 @@ export function isOnLadder(usd: number): boolean {
   if (!Number.isFinite(usd) || usd <= 0) return false;
   const cents = Math.round(usd * 100);
   if (Math.abs(cents - usd * 100) > 1e-6) return false;
-  return cents % stepCents(cents) === 0;
+  return cents >= FLOOR_CENTS && rungAtOrAbove(cents) === cents;
 }
 
 /** A conversation at its cap: offer twice the cap. */

@@ -42,8 +42,8 @@ t.test('a request larger than the whole limit says so, and the raise offered adm
   const r = moneyRefusal({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] });
   t.equal(r.message, 'conversation cap reached: this request needs up to $5.20, more than the whole conversation cap of $2.00');
   // 2 × $2 = $4 would not admit $0.10 + $5.20: raise to the rung above $5.30 instead.
-  t.equal(raiseToFor('conversation', 2, 0.1, 5.2), 5.5);
-  t.equal(refusalChoices({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] }).raise_to_usd, 5.5);
+  t.equal(raiseToFor('conversation', 2, 0.1, 5.2), 6);
+  t.equal(refusalChoices({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] }).raise_to_usd, 6);
   const m = moneyRefusal({ scope: 'monthly', spentUsd: 0, limitUsd: 50, neededUsd: 80, cheaperModels: [] });
   t.equal(m.message, 'monthly budget reached: this request needs up to $80.00, more than the whole monthly budget of $50.00');
 });
