@@ -62,17 +62,35 @@ function fromCatalogue(model: string, provider: string, rates: CatalogueRates, s
   return price;
 }
 
+/** A catalogue model id without its `vendor/` (OpenRouter's `openai/gpt-4o` is `gpt-4o`), as overrides are matched. */
+function withoutVendor(id: string): string {
+  return id.slice(id.lastIndexOf('/') + 1);
+}
+
 const LOOKUP_TTL_MS = 60_000;
 const LOOKUP_CACHE_MAX = 4096;
 
 export class PriceTable {
   private readonly overrides: ReadonlyMap<string, ModelPrice>;
+  /**
+   * Overrides by the catalogue model their name resolves to (`gpt-4o` → `gpt-4o`): a name the
+   * catalogue resolves to that model (`gpt-4o-2024-08-06`) gets the override too.
+   */
+  private readonly overridesByCatalogueModel = new Map<string, ModelPrice>();
   private readonly recent = new Map<string, { price: ModelPrice | null; at: number }>();
   readonly catalogueSource: string;
 
   constructor(overrides: ReadonlyMap<string, ModelPrice> = new Map()) {
     this.overrides = overrides;
     this.catalogueSource = catalogueSource();
+    for (const [name, price] of overrides) {
+      const found = this.catalogueLookup(name, {});
+      if (found === null) continue;
+      const model = withoutVendor(found.model);
+      // Two overrides of one catalogue model: the one named as the catalogue names it wins, else
+      // the first in the file.
+      if (!this.overridesByCatalogueModel.has(model) || withoutVendor(name) === model) this.overridesByCatalogueModel.set(model, price);
+    }
   }
 
   /** Catalogue plus, when given, the operator's override file (validated now; throws naming the field). */
@@ -105,6 +123,19 @@ export class PriceTable {
 
     const own = this.overrides.get(model) ?? (prefix ? this.overrides.get(bare) : undefined);
     if (own) return own;
+
+    // The operator's override wins for every name the catalogue takes for the model it overrides
+    // (SPEC §7): a dated `gpt-4o-2024-08-06` is the catalogue's `gpt-4o`, and must not slip past an
+    // override of `gpt-4o` to the bundled price. The price shown keeps the override's own name.
+    const found = this.catalogueLookup(model, opts);
+    return found === null ? null : (this.overridesByCatalogueModel.get(withoutVendor(found.model)) ?? found);
+  }
+
+  /** The catalogue's price for `model`, tried the ways its names can be written; null if unknown. */
+  private catalogueLookup(model: string, opts: LookupOptions): ModelPrice | null {
+    const slash = model.indexOf('/');
+    const prefix = slash > 0 ? model.slice(0, slash) : null;
+    const bare = slash > 0 ? model.slice(slash + 1) : model;
 
     // Catalogue, most specific first: the upstream's provider; the prefix as a provider
     // (`openai/gpt-4o` → openai's gpt-4o, which has a cache-read price); OpenRouter's own

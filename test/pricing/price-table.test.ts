@@ -78,6 +78,32 @@ t.test('override file wins over the catalogue and names its source and date', as
   t.equal(table.lookup('gpt-4o-mini')?.source.startsWith('genai-prices@'), true, 'others still from the catalogue');
 });
 
+t.test('an override wins for every name the catalogue resolves to its model (regression)', async (t) => {
+  const dir = t.testdir({
+    'prices.json': JSON.stringify({
+      models: {
+        'gpt-4o': { input_mtok: 3, cache_read_mtok: 1, output_mtok: 12, date: '2026-01-15' },
+        'gpt-4o-mini-2024-07-18': { input_mtok: 0.2, output_mtok: 0.8, date: '2026-01-15' },
+        'house-model': { input_mtok: 0.5, output_mtok: 1.5, date: '2026-02-01' },
+      },
+    }),
+  });
+  const file = join(dir, 'prices.json');
+  const table = PriceTable.load(file);
+  // 1. Dated names of gpt-4o, bare or prefixed: the override, under its own name.
+  for (const name of ['gpt-4o-2024-08-06', 'gpt-4o-2024-11-20', 'openai/gpt-4o-2024-08-06']) {
+    const p = table.lookup(name);
+    t.match(p, { model: 'gpt-4o', inputMtok: 3, source: `override:${file}`, date: '2026-01-15' }, name);
+  }
+  // 2. An override written under a dated name holds its whole catalogue model too.
+  t.match(table.lookup('gpt-4o-mini'), { model: 'gpt-4o-mini-2024-07-18', inputMtok: 0.2 }, 'gpt-4o-mini is the catalogue model of the dated override');
+  // 3. A snapshot the catalogue prices apart is not gpt-4o; a name the catalogue does not know
+  // keeps its exact-name override only.
+  t.match(table.lookup('gpt-4o-2024-05-13'), { model: 'gpt-4o-2024-05-13', inputMtok: 5, source: /^genai-prices@/ });
+  t.equal(table.lookup('house-model')?.inputMtok, 0.5);
+  t.equal(table.lookup('house-model-2'), null);
+});
+
 t.test('override validation names the field', async (t) => {
   const bad = (raw: unknown, re: RegExp) => t.throws(() => parsePriceOverrides(raw, 'p.json'), re);
   bad({ models: { x: { input_mtok: -1, output_mtok: 1, date: '2026-01-01' } } }, /^prices\.models\["x"\]\.input_mtok: must be a non-negative number/);
