@@ -22,13 +22,13 @@ export interface ModelPrice {
   cacheReadMtok: number | null;
   /** 0 for models that produce no output tokens (embeddings). */
   outputMtok: number;
-  /** `override:<file>` or `genai-prices@<version>`. */
+  /** Where the gateway read it: `override:<file>` or `genai-prices@<version>` (`origin` in /v1/admission). */
   source: string;
   /** The override's date (YYYY-MM-DD); null for the catalogue, whose bundled data carries none. */
   date: string | null;
   /** Catalogue provider id (`openai`, `openrouter`…); null for an override. */
   provider?: string | null;
-  /** The override entry's own `source` text (where the operator read the price), if any. */
+  /** The override entry's own `source` text (where the operator read the price), if any: shown as the price's `source`. */
   reference?: string | null;
   /** Long-context tiers per rate; absent or empty when the price is flat. */
   tiers?: { input?: PriceTier[]; cacheRead?: PriceTier[]; output?: PriceTier[] };

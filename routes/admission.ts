@@ -38,9 +38,23 @@ const NOT_PLANNED = {
   max_affordable_allowance: null,
 } as const;
 
+/**
+ * The price a plan used (SPEC §7: every price carries its source and date). `source` is where the
+ * price was read: for an override, the `source` its entry names (SPEC §11), else the file; for the
+ * catalogue, `genai-prices@<version>`. `origin` is always where the gateway took it from:
+ * `override:<file>` or `genai-prices@<version>`.
+ */
 function priceView(p: ModelPrice | null) {
   if (!p) return null;
-  return { model: p.model, input_mtok: p.inputMtok, cache_read_mtok: p.cacheReadMtok, output_mtok: p.outputMtok, source: p.source, date: p.date };
+  return {
+    model: p.model,
+    input_mtok: p.inputMtok,
+    cache_read_mtok: p.cacheReadMtok,
+    output_mtok: p.outputMtok,
+    source: p.reference ?? p.source,
+    origin: p.source,
+    date: p.date,
+  };
 }
 
 const route: FastifyPluginAsync = async (app) => {

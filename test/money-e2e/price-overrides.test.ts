@@ -46,3 +46,23 @@ t.test('an override of gpt-4o prices its dated names too (regression: the catalo
   t.match(await priceOf(gw, 'gpt-4o-2024-05-13'), { model: 'gpt-4o-2024-05-13', input_mtok: 5, source: /^genai-prices@/ });
   t.match(await priceOf(gw, 'gpt-4o-mini'), { model: 'gpt-4o-mini', source: /^genai-prices@/ });
 });
+
+t.test("the source an override names is the price's source; the file it came from is its origin (regression)", async (t) => {
+  const { gw, file } = await world(t, {
+    'gpt-4o': { input_mtok: 100, output_mtok: 400, source: 'https://openai.com/api/pricing (contract 2026)', date: '2026-01-01' },
+    'gpt-4o-mini': { input_mtok: 1, output_mtok: 2, date: '2026-01-02' },
+  });
+  // 1. The operator's own `source` text is shown, and where the gateway read it beside it.
+  t.match(await priceOf(gw, 'gpt-4o'), {
+    model: 'gpt-4o',
+    source: 'https://openai.com/api/pricing (contract 2026)',
+    origin: `override:${file}`,
+    date: '2026-01-01',
+  });
+  // 2. An override without one: the file is all there is to say.
+  t.match(await priceOf(gw, 'gpt-4o-mini'), { source: `override:${file}`, origin: `override:${file}`, date: '2026-01-02' });
+  // 3. The catalogue: its version, both ways.
+  const bundled = await priceOf(gw, 'gpt-4.1');
+  t.match(bundled, { source: /^genai-prices@\d/, origin: /^genai-prices@\d/, date: null });
+  t.equal(bundled.source, bundled.origin);
+});
