@@ -50,6 +50,13 @@ export interface RowCounts {
   upperBound: boolean;
   /** For each row, whether its count is an upper bound (a refusal names the row's own kind of figure). */
   rowUpperBound: boolean[];
+  /**
+   * For each row, the tokens of its count that are images counted above the least they can cost
+   * (ADR 0022): the size checks take a row at its count less these. 0 for a row without images.
+   */
+  rowImageSlack: number[];
+  /** Whether some text is counted as an upper bound (what a second, exact count can make exact). */
+  textUpperBound: boolean;
   /** The chat count with its per-message prefix, for shared-prefix charging (chat only). */
   chat: ChatCount | null;
 }
@@ -68,7 +75,15 @@ export async function countRows(
     if (request.tool_choice !== undefined) prompt.tool_choice = request.tool_choice;
     if (request.known !== undefined) prompt.known = request.known;
     const chat = await counter.countChat(prompt, signal);
-    return { rowTokens: [chat.tokens], countMethod: chat.method, upperBound: chat.upperBound, rowUpperBound: [chat.upperBound], chat };
+    return {
+      rowTokens: [chat.tokens],
+      countMethod: chat.method,
+      upperBound: chat.upperBound,
+      rowUpperBound: [chat.upperBound],
+      rowImageSlack: [chat.images ? chat.images.tokens - chat.images.least : 0],
+      textUpperBound: chat.textUpperBound ?? chat.upperBound,
+      chat,
+    };
   }
   const rows = kind === 'completions' ? textRows(request.prompt, 'prompt') : textRows(request.input, 'input');
   const rowTokens: number[] = [];
@@ -91,7 +106,7 @@ export async function countRows(
       countMethod = c.method;
     }
   }
-  return { rowTokens, countMethod, upperBound, rowUpperBound, chat: null };
+  return { rowTokens, countMethod, upperBound, rowUpperBound, rowImageSlack: rowTokens.map(() => 0), textUpperBound: upperBound, chat: null };
 }
 
 export interface RowPlan {
@@ -99,12 +114,20 @@ export interface RowPlan {
   rowTokens: number[];
   /** Tokens of the longest row (0 when there are no rows). */
   longestRow: number;
+  /** The longest row with its images at the least they can cost: what the window is checked on (ADR 0022). */
+  longestRowLeast: number;
   longestRowIndex: number;
   sumTokens: number;
   countMethod: CountMethod;
   upperBound: boolean;
   /** For each row, whether its count is an upper bound. */
   rowUpperBound: boolean[];
+  /** For each row, its image tokens above the least they can cost (ADR 0022); zeros without images. */
+  rowImageSlack: number[];
+  /** Whether an image is counted above the least it can cost somewhere (a cause of `upperBound`). */
+  imageBound: boolean;
+  /** Whether some text is counted as an upper bound (the other cause). */
+  textUpperBound: boolean;
   /** Output tokens the whole request may generate: per-row allowance × n × rows (chat: × n). */
   allowance: number;
   /** True when the client set `max_completion_tokens` / `max_tokens`. */
@@ -120,6 +143,10 @@ export interface RowPlanInput {
   upperBound: boolean;
   /** For each row, whether its count is an upper bound (default: every row as `upperBound`). */
   rowUpperBound?: boolean[];
+  /** For each row, its image tokens above the least they can cost (default: none). */
+  rowImageSlack?: number[];
+  /** Whether some text is counted as an upper bound (default: `upperBound` when no image is a bound). */
+  textUpperBound?: boolean;
   /** `max_completion_tokens ?? max_tokens` as the client sent it; null when it sent neither. */
   maxTokens: number | null;
   n: number;
@@ -132,8 +159,11 @@ export interface RowPlanInput {
 /** Totals, longest row and allowance from counted rows. Pure. */
 export function planRows(input: RowPlanInput): RowPlan {
   const { rowTokens } = input;
+  const rowImageSlack = input.rowImageSlack ?? rowTokens.map(() => 0);
+  const imageBound = rowImageSlack.some((s) => s > 0);
   let longestRow = 0;
   let longestRowIndex = 0;
+  let longestLeast = 0;
   let sumTokens = 0;
   rowTokens.forEach((t, i) => {
     sumTokens += t;
@@ -141,17 +171,24 @@ export function planRows(input: RowPlanInput): RowPlan {
       longestRow = t;
       longestRowIndex = i;
     }
+    longestLeast = Math.max(longestLeast, t - (rowImageSlack[i] ?? 0));
   });
-  const a = allowanceFor(input, rowTokens.length, longestRow);
+  // A default allowance is clamped to what the window leaves after the longest row taken at the
+  // least its images can cost: an image bound never starves the output (ADR 0022).
+  const a = allowanceFor(input, rowTokens.length, longestLeast);
   return {
     rows: rowTokens.length,
     rowTokens,
     longestRow,
+    longestRowLeast: longestLeast,
     longestRowIndex,
     sumTokens,
     countMethod: input.countMethod,
     upperBound: input.upperBound,
     rowUpperBound: input.rowUpperBound ?? rowTokens.map(() => input.upperBound),
+    rowImageSlack,
+    imageBound,
+    textUpperBound: input.textUpperBound ?? (input.upperBound && !imageBound),
     allowance: a.allowance,
     explicitAllowance: a.explicit,
     perRowAllowance: a.perRow,

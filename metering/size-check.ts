@@ -4,7 +4,9 @@
 //
 // A figure that is an upper bound says so: the planner counts a request exactly before refusing it
 // wherever it can (ADR 0010, 0019), so a bound reaches a refusal only when the exact count was out
-// of reach, and the client is told why the figure is not exact.
+// of reach, and the client is told why the figure is not exact. Images, whose size the gateway
+// does not know, are taken at the least they can cost here (ADR 0022): a request is refused for its
+// size only when it is too large whatever its images turn out to cost, and the figure says so.
 import type { RowPlan } from './row-plan.js';
 import type { CountMethod } from './types.js';
 
@@ -35,19 +37,52 @@ export const DEFAULT_SIZE_LIMITS: Readonly<SizeLimits> = Object.freeze({
 
 type PlanFigures = Pick<
   RowPlan,
-  'rows' | 'rowTokens' | 'sumTokens' | 'countMethod' | 'upperBound' | 'rowUpperBound' | 'explicitAllowance' | 'perRowAllowance'
+  | 'rows'
+  | 'rowTokens'
+  | 'sumTokens'
+  | 'countMethod'
+  | 'upperBound'
+  | 'rowUpperBound'
+  | 'rowImageSlack'
+  | 'textUpperBound'
+  | 'explicitAllowance'
+  | 'perRowAllowance'
 >;
 
 const BOUND_SUFFIX = ':upper-bound';
 const BOUND_WHY = 'an upper bound: text without spaces too long to count exactly';
+const LEAST_WHY = 'a lower bound: images counted at the least they can cost';
+const BOTH_WHY = 'text without spaces too long to count exactly counted as an upper bound, images at the least they can cost';
 
-/** Whether row `i`'s count is an upper bound, and the label of how it was counted. */
-function rowCount(plan: PlanFigures, i: number): { bound: boolean; method: CountMethod } {
-  const bound = plan.rowUpperBound[i] ?? plan.upperBound;
-  // The request's label is an upper bound's when any row is one; an exact row keeps the exact label.
-  const method = !bound && plan.countMethod.endsWith(BOUND_SUFFIX) ? (plan.countMethod.slice(0, -BOUND_SUFFIX.length) as CountMethod) : plan.countMethod;
-  return { bound, method };
+/** A size figure as a refusal states it: the tokens, a word saying what kind of figure, why, and its label. */
+interface SizeFigure {
+  tokens: number;
+  kind: 'exact' | 'upper' | 'lower' | 'mixed';
+  method: CountMethod;
 }
+
+/**
+ * `tokens` with `slack` image tokens above their least taken off, as a refusal may rest on it:
+ * exact, an upper bound (text), a lower bound (images), or both at once.
+ */
+function sizeFigure(plan: PlanFigures, tokens: number, slack: number, textBound: boolean): SizeFigure {
+  const base = plan.countMethod.endsWith(BOUND_SUFFIX) ? plan.countMethod.slice(0, -BOUND_SUFFIX.length) : plan.countMethod;
+  if (slack > 0 && !textBound) return { tokens: tokens - slack, kind: 'lower', method: `${base}:lower-bound` as CountMethod };
+  if (slack > 0) return { tokens: tokens - slack, kind: 'mixed', method: plan.countMethod };
+  // The request's label is an upper bound's when any row is one; an exact row keeps the exact label.
+  return textBound ? { tokens, kind: 'upper', method: `${base}${BOUND_SUFFIX}` as CountMethod } : { tokens, kind: 'exact', method: base as CountMethod };
+}
+
+/** Row `i` as its size is checked. */
+function rowFigure(plan: PlanFigures, i: number): SizeFigure {
+  const slack = plan.rowImageSlack[i] ?? 0;
+  const bound = plan.rowUpperBound[i] ?? plan.upperBound;
+  // A row with images is a bound because of them; its text is a bound only if the request's is.
+  return sizeFigure(plan, plan.rowTokens[i]!, slack, bound && (slack === 0 || plan.textUpperBound));
+}
+
+const why = (f: SizeFigure): string =>
+  f.kind === 'upper' ? ` (${BOUND_WHY})` : f.kind === 'lower' ? ` (${LEAST_WHY})` : f.kind === 'mixed' ? ` (${BOTH_WHY})` : '';
 
 /** The first size refusal that applies, or null. `limits` may carry other fields (maxBodyBytes). */
 export function checkSizes(
@@ -69,26 +104,26 @@ export function checkSizes(
   }
 
   // The first row over the limit is reported, so the client can find it.
-  const big = plan.rowTokens.findIndex((t) => t > maxRowTokens);
+  const big = plan.rowTokens.findIndex((_, i) => rowFigure(plan, i).tokens > maxRowTokens);
   if (big >= 0) {
-    const t = plan.rowTokens[big];
-    const row = rowCount(plan, big);
+    const row = rowFigure(plan, big);
+    const t = row.tokens;
+    const has = row.kind === 'upper' ? `up to ${t}` : row.kind === 'lower' ? `at least ${t}` : `${t}`;
     return {
       code: 'row_too_large',
-      message: row.bound
-        ? `too many tokens: one row has up to ${t} tokens, the limit is ${maxRowTokens} per row (${BOUND_WHY})`
-        : `too many tokens: one row has ${t} tokens, the limit is ${maxRowTokens} per row`,
+      message: `too many tokens: one row has ${has} tokens, the limit is ${maxRowTokens} per row${why(row)}`,
       details: { row_index: big, row_tokens: t, limit: maxRowTokens, count_method: row.method },
     };
   }
 
-  if (plan.sumTokens > maxRequestTokens) {
+  const slack = plan.rowImageSlack.reduce((a, b) => a + b, 0);
+  const sum = sizeFigure(plan, plan.sumTokens, slack, slack > 0 ? plan.textUpperBound : plan.upperBound);
+  if (sum.tokens > maxRequestTokens) {
+    const addUp = sum.kind === 'upper' ? `as many as ${sum.tokens}` : sum.kind === 'lower' ? `at least ${sum.tokens}` : `${sum.tokens}`;
     return {
       code: 'request_tokens_exceeded',
-      message: plan.upperBound
-        ? `too many tokens: the rows add up to as many as ${plan.sumTokens} tokens, the limit is ${maxRequestTokens} (${BOUND_WHY})`
-        : `too many tokens: the rows add up to ${plan.sumTokens} tokens, the limit is ${maxRequestTokens}`,
-      details: { rows: plan.rows, sum_tokens: plan.sumTokens, limit: maxRequestTokens, count_method: method },
+      message: `too many tokens: the rows add up to ${addUp} tokens, the limit is ${maxRequestTokens}${why(sum)}`,
+      details: { rows: plan.rows, sum_tokens: sum.tokens, limit: maxRequestTokens, count_method: sum.kind === 'exact' ? method : sum.method },
     };
   }
 
@@ -104,18 +139,19 @@ export function checkSizes(
  */
 function checkWindow(plan: PlanFigures, window: number, generates: boolean): SizeRefusal | null {
   const allowance = plan.explicitAllowance ? plan.perRowAllowance : 0;
-  const index = plan.rowTokens.findIndex((t) => (allowance > 0 ? t + allowance > window : generates ? t >= window : t > window));
+  const over = (t: number) => (allowance > 0 ? t + allowance > window : generates ? t >= window : t > window);
+  const index = plan.rowTokens.findIndex((_, i) => over(rowFigure(plan, i).tokens));
   if (index < 0) return null;
-  const prompt = plan.rowTokens[index]!;
-  const row = rowCount(plan, index);
+  const row = rowFigure(plan, index);
+  const prompt = row.tokens;
   const asks = allowance > 0 ? ` and max_tokens asks for ${allowance} more` : '';
-  const needs = row.bound ? `up to ${prompt}` : `${prompt}`;
+  const needs = row.kind === 'upper' ? `up to ${prompt}` : row.kind === 'lower' ? `at least ${prompt}` : `${prompt}`;
   // A prompt exactly the window's size is not "more" than it: it leaves nothing to generate.
   const message =
     (allowance === 0 && prompt === window
       ? `request too large: the prompt needs ${needs} tokens, all of the model's context window of ${window} tokens, leaving none to generate`
       : `request too large: the prompt needs ${needs} tokens${asks}, more than the model's context window of ${window} tokens`) +
-    (row.bound ? ` (${BOUND_WHY})` : '');
+    why(row);
   return {
     code: 'context_window_exceeded',
     message,

@@ -1,8 +1,10 @@
 // Shared shapes of the metering core. Plain TypeScript: nothing here knows about Fastify.
 
 /**
- * How a count was obtained (SPEC §2). An upper bound from splitting a pathological run of text
- * is labelled `tiktoken:<encoding>:upper-bound`; a byte estimate is always `estimate:bytes`.
+ * How a count was obtained (SPEC §2). An upper bound — from splitting a pathological run of text,
+ * or images counted at the most they can cost (ADR 0022) — is labelled
+ * `tiktoken:<encoding>:upper-bound`; a byte estimate is always `estimate:bytes`. A size refusal
+ * resting on images at the least they can cost labels its figure `tiktoken:<encoding>:lower-bound`.
  */
 export type CountMethod =
   | `tiktoken:${string}`
@@ -52,7 +54,10 @@ export interface ChatPrompt {
   known?: KnownPrefix;
 }
 
-/** The counts of an earlier, equal list of leading messages, from the counter that made them. */
+/**
+ * The counts of an earlier, equal list of leading messages, from the counter that made them. Never
+ * of messages with images: what an image costs depends on the model, not only on the counter.
+ */
 export interface KnownPrefix {
   /** How many leading messages the counts cover. */
   messages: number;
@@ -72,8 +77,24 @@ export interface ChatCount {
    */
   prefix: number[];
   method: CountMethod;
-  /** True when a pathological run was split and the count is an upper bound, not exact. */
+  /**
+   * True when the count is an upper bound, not exact: a pathological run of text was split, or an
+   * image is counted at the most it can cost.
+   */
   upperBound: boolean;
+  /** Whether the text alone is an upper bound (a second, exact count can help); default `upperBound`. */
+  textUpperBound?: boolean;
+  /** The image parts of the prompt, when it has any: their share of `tokens`, and the least they can cost. */
+  images?: ImageCount;
+}
+
+/** What a prompt's images add to its count (ADR 0022). */
+export interface ImageCount {
+  parts: number;
+  /** Their share of the count: the most they can cost. */
+  tokens: number;
+  /** The least they can cost together. */
+  least: number;
 }
 
 export interface TextCount {

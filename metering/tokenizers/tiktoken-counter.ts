@@ -7,6 +7,7 @@ import type {
   ChatMessage,
   ChatPrompt,
   CountMethod,
+  ImageCount,
   TextCount,
   TokenCounter,
   ToolDefinition,
@@ -15,6 +16,7 @@ import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '.
 import { messageDigest } from '../message-digest.js';
 import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, type PieceCount } from './bounded-encode.js';
 import type { CountPool } from './count-pool.js';
+import { imageRuleFor, imageTokens, isImagePart, type ImageRule } from './image-tokens.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
 export const MODEL_PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [
@@ -53,9 +55,9 @@ const REPLY_PRIMING = 3;
 // Not in the cookbook: an assistant tool call renders as a small JSON envelope around its name and
 // arguments; 3 tokens per call covers that envelope in the models we checked by hand. An estimate.
 const PER_TOOL_CALL = 3;
-// Not in the cookbook: an image part is billed by its size, which we do not fetch. 85 tokens is the
-// fixed cost of a low-detail image; a high-detail image costs more, so this undercounts those.
-const PER_IMAGE_PART = 85;
+// Not in the cookbook: an image part is billed by its size, which we do not fetch, and by the
+// model's family — image-tokens.ts (ADR 0022). Images are kept out of a message's cached count, which
+// is the encoding's and serves every model of it, and added per request for the model asked for.
 
 interface ToolConstants {
   funcInit: number;
@@ -132,6 +134,10 @@ interface Job {
 /** A chat count in the making: a part per item (tools, then messages); each recipe once in `jobs`. */
 interface Parts {
   list: Array<CachedCount | Job>;
+  /** For each item of `list`, what its images add (null: none). */
+  images: Array<ImageCount | null>;
+  /** The image rule of the prompt's model. */
+  rule: ImageRule;
   jobs: Job[];
   /** Parts by cache key, so a repeated message shares its first copy's part. */
   seen: Map<string, CachedCount | Job>;
@@ -296,7 +302,16 @@ export class TiktokenCounter implements TokenCounter {
 
   /** The parts of a chat count, started with its tools: a cached count, or a recipe to compute. */
   private toolParts(prompt: ChatPrompt): Parts {
-    const parts: Parts = { list: [], jobs: [], seen: new Map(), texts: [], slots: [], shortTexts: new Map() };
+    const parts: Parts = {
+      list: [],
+      images: [null],
+      rule: imageRuleFor(prompt.model),
+      jobs: [],
+      seen: new Map(),
+      texts: [],
+      slots: [],
+      shortTexts: new Map(),
+    };
     const offered = prompt.tools ?? [];
     if (offered.length > 0) {
       const key = cacheKey(`${this.encoding}:tools`, offered);
@@ -324,6 +339,7 @@ export class TiktokenCounter implements TokenCounter {
       parts.seen.set(key, part);
     }
     parts.list.push(part);
+    parts.images.push(imagesOf(message, parts.rule));
   }
 
   /**
@@ -350,15 +366,21 @@ export class TiktokenCounter implements TokenCounter {
    * The running prefix, once every job is settled: the tools, then the known messages (their
    * earlier prefix moved onto this request's tools), then the rest.
    */
-  private assemble({ list: parts }: Parts, known: { messages: number; prefix: readonly number[] } | null): ChatCount {
+  private assemble({ list: parts, images }: Parts, known: { messages: number; prefix: readonly number[] } | null): ChatCount {
     let upperBound = false;
     const prefix: number[] = [];
     let sum = 0;
+    let pictures: ImageCount | null = null;
     for (let i = 0; i < parts.length; i++) {
       const part = parts[i]!;
       const c = 'recipe' in part ? part.count! : part;
       upperBound ||= c.upperBound;
       sum += c.tokens;
+      const im = images[i];
+      if (im) {
+        sum += im.tokens;
+        pictures = pictures ? { parts: pictures.parts + im.parts, tokens: pictures.tokens + im.tokens, least: pictures.least + im.least } : im;
+      }
       prefix.push(sum);
       if (i === 0 && known !== null) {
         const shift = sum - known.prefix[0]!;
@@ -366,12 +388,17 @@ export class TiktokenCounter implements TokenCounter {
         sum = prefix[prefix.length - 1]!;
       }
     }
-    return {
+    // An image counted at the most it can cost makes the count an upper bound too (ADR 0022).
+    const imageBound = pictures !== null && pictures.tokens > pictures.least;
+    const count: ChatCount = {
       tokens: sum + REPLY_PRIMING,
       prefix,
-      method: this.label(upperBound),
-      upperBound,
+      method: this.label(upperBound || imageBound),
+      upperBound: upperBound || imageBound,
+      textUpperBound: upperBound,
     };
+    if (pictures) count.images = pictures;
+    return count;
   }
 
   private toolsRecipe(tools: ToolDefinition[]): Recipe {
@@ -429,10 +456,8 @@ function messageRecipe(message: ChatMessage): Recipe {
   const content = message.content;
   if (typeof content === 'string') r.texts.push(content);
   else if (Array.isArray(content)) {
-    for (const part of content) {
-      if (typeof part.text === 'string') r.texts.push(part.text);
-      else if (part.type === 'image_url' || part.type === 'input_image') r.fixed += PER_IMAGE_PART;
-    }
+    // Image parts are counted per request, by imagesOf.
+    for (const part of content) if (typeof part.text === 'string') r.texts.push(part.text);
   }
   if (typeof message.name === 'string') {
     r.texts.push(message.name);
@@ -444,6 +469,21 @@ function messageRecipe(message: ChatMessage): Recipe {
   }
   // `tool_call_id` is routing metadata the model never reads: not counted.
   return r;
+}
+
+/** What a message's image parts add for a model with `rule`; null when it has none. */
+function imagesOf(message: ChatMessage, rule: ImageRule): ImageCount | null {
+  const content = message.content;
+  if (!Array.isArray(content)) return null;
+  const found: ImageCount = { parts: 0, tokens: 0, least: 0 };
+  for (const part of content) {
+    if (typeof part.text === 'string' || !isImagePart(part)) continue;
+    const one = imageTokens(rule, part);
+    found.parts++;
+    found.tokens += one.tokens;
+    found.least += one.least;
+  }
+  return found.parts > 0 ? found : null;
 }
 
 function propertiesOf(parameters: Record<string, unknown> | undefined): Array<[string, Record<string, unknown>]> {

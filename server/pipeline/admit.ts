@@ -41,9 +41,15 @@ export function reservationOf(plan: Plan): Reservation {
 
 export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan): GatewayError {
   const whole = limit !== null && needed > limit;
-  // A prompt count still an upper bound here could not be made exact (ADR 0019): say so.
-  const upTo = plan.rows.upperBound ? 'up to ' : '';
-  const why = plan.rows.upperBound ? ' (the prompt is an upper bound: text without spaces too long to count exactly)' : '';
+  // A prompt count still an upper bound here could not be made exact (ADR 0019), or counts images
+  // at the most they can cost (ADR 0022): say so, and why.
+  const rows = plan.rows;
+  const upTo = rows.upperBound ? 'up to ' : '';
+  const causes = [
+    ...(rows.textUpperBound ? ['text without spaces too long to count exactly'] : []),
+    ...(rows.imageBound ? ['images counted at the most they can cost'] : []),
+  ];
+  const why = rows.upperBound ? ` (the prompt is an upper bound: ${causes.join('; ')})` : '';
   const message = whole
     ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + max output ${plan.allowance}), more than the run's whole budget of ${limit} tokens${why}`
     : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + max output ${plan.allowance}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;

@@ -13,7 +13,8 @@ import { reservationOf } from './admit.js';
 
 export async function planRequest(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers, opts: PlanOptions = {}): Promise<Plan> {
   const first = await plan(gw, valid, principal, headers, opts);
-  if (!first.rows.upperBound || first.countedExactly || !recountable(valid)) return first;
+  // Only text can be counted more exactly: an image bound stays one (ADR 0022).
+  if (!first.rows.textUpperBound || first.countedExactly || !recountable(valid)) return first;
   if (!(await budgetDecides(gw, first))) return first;
   return plan(gw, valid, principal, headers, { ...opts, exact: true });
 }

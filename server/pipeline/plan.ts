@@ -38,8 +38,9 @@ export interface Plan {
   forwardBody: Record<string, unknown>;
   rows: RowPlan;
   /**
-   * The longest row of the request as sent, which the context-window check was made on. It is
-   * `rows.longestRow` except in final-answer mode, where `rows` is the rewritten request's.
+   * The longest row of the request as sent, as the context-window check took it (its images at the
+   * least they can cost, ADR 0022). It is `rows.longestRowLeast` except in final-answer mode, where
+   * `rows` is the rewritten request's.
    */
   sentLongestRow: number;
   contextWindow: number | null;
@@ -236,6 +237,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       countMethod: c.countMethod,
       upperBound: c.upperBound,
       rowUpperBound: c.rowUpperBound,
+      rowImageSlack: c.rowImageSlack,
+      textUpperBound: c.textUpperBound,
       maxTokens: valid.maxTokens,
       n: valid.generations,
       defaultMaxTokens: gw.config.defaults.maxTokens,
@@ -244,15 +247,16 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let rows = rowsOf(counted);
   let sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   // A refusal on an upper bound gets a second, exact count first where the request is small
-  // enough (ADR 0010, 0019): refused only when the true count is too large too.
-  if (sizeRefusal && counted.upperBound && counter === undefined) counter = exactCounter();
-  if (sizeRefusal && counted.upperBound && counter !== undefined) {
+  // enough (ADR 0010, 0019): refused only when the true count is too large too. (Images need no
+  // second count: the size checks already take them at the least they can cost, ADR 0022.)
+  if (sizeRefusal && counted.textUpperBound && counter === undefined) counter = exactCounter();
+  if (sizeRefusal && counted.textUpperBound && counter !== undefined) {
     counted = await countAll(gw, upstream, valid, undefined, known, counter);
     rows = rowsOf(counted);
     sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
   const countedAsSent = counted;
-  const sentLongestRow = rows.longestRow;
+  const sentLongestRow = rows.longestRowLeast;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
     err.context = rowFigures(valid.model, upstream.name, rows, contextWindow);
@@ -263,7 +267,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const chain = messages ? chainHashes(messages, remembered?.chain) : [];
   if (messages && !opts.dryRun) {
     const c = countedAsSent.chat;
-    gw.prefixMemo.remember(memoScope, messages, chain, c && !c.upperBound ? { method: c.method, prefix: c.prefix } : null, remembered);
+    // Counts with images are not remembered: what an image costs depends on the model, and the memo
+    // serves every model of the counter's encoding (ADR 0022).
+    const reusable = c && !c.upperBound && c.images === undefined;
+    gw.prefixMemo.remember(memoScope, messages, chain, reusable ? { method: c.method, prefix: c.prefix } : null, remembered);
   }
   const { conversation, source } = await resolveConversation(gw, headers, principal, chain, remembered);
   const parent = idHeader(headers, 'x-tollgate-parent');
@@ -344,13 +351,16 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
       const caps = [valid.maxTokens ?? gw.config.defaults.maxTokens];
       if (room !== null) caps.push(Math.floor(room / valid.n));
-      if (contextWindow !== null) caps.push(contextWindow - promptTokensFinal);
+      // The window, as for a default allowance, after the prompt's images at their least (ADR 0022).
+      if (contextWindow !== null) caps.push(contextWindow - (promptTokensFinal - (counted.rowImageSlack[0] ?? 0)));
       rows = planRows({
         kind: valid.kind,
         rowTokens: counted.rowTokens,
         countMethod: counted.countMethod,
         upperBound: counted.upperBound,
         rowUpperBound: counted.rowUpperBound,
+        rowImageSlack: counted.rowImageSlack,
+        textUpperBound: counted.textUpperBound,
         maxTokens: caps.length === 1 ? valid.maxTokens : Math.max(1, Math.min(...caps)),
         n: valid.generations,
         defaultMaxTokens: gw.config.defaults.maxTokens,

@@ -246,11 +246,15 @@ t.test('content parts, names and tool calls are counted; tool_call_id is not', a
     messages: [{ role: 'user', content: [{ type: 'text', text: 'hello there' }] }],
   });
   t.equal(parts.tokens, plain.tokens);
-  const withImage = await counter.countChat({
-    model,
-    messages: [{ role: 'user', content: [{ type: 'text', text: 'hello there' }, { type: 'image_url', image_url: { url: 'x' } }] }],
-  });
-  t.equal(withImage.tokens, plain.tokens + 85);
+  // An image is counted by its model's rule (image-tokens.ts, ADR 0022): a low-detail one exactly,
+  // one without `detail` at the most it can cost.
+  const withImage = (detail?: string) =>
+    counter.countChat({
+      model,
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'hello there' }, { type: 'image_url', image_url: { url: 'x', ...(detail ? { detail } : {}) } }] }],
+    });
+  t.match(await withImage('low'), { tokens: plain.tokens + 85, upperBound: false, method: 'tiktoken:o200k_base' });
+  t.match(await withImage(), { tokens: plain.tokens + 1445, upperBound: true, method: 'tiktoken:o200k_base:upper-bound' });
   const a = await counter.countChat({ model, messages: [{ role: 'tool', content: '42', tool_call_id: 'call_1' }] });
   const b = await counter.countChat({ model, messages: [{ role: 'tool', content: '42', tool_call_id: 'call_999999999' }] });
   t.equal(a.tokens, b.tokens);
@@ -307,4 +311,35 @@ t.test('countOutput counts generated text with the same encoder', async (t) => {
   const text = 'Paris is the capital of France.';
   t.equal(counter.countOutput(text), (await counter.countText(text)).tokens);
   t.equal(counter.countOutput(''), 0);
+});
+
+t.test('images count at the most their model can be billed, as an upper bound (regression: 85 each)', async (t) => {
+  // The audit: gpt-4o with three `detail: high` images was counted 85 tokens each, the low-detail
+  // figure, while OpenAI bills ~1,105 for a 2048 × 4096 image; admission under-reserved 6.7×.
+  const model = 'gpt-4o';
+  const counter = new TiktokenCounter('o200k_base', { cache: new TokenCache() });
+  const image = (detail: string) => ({ type: 'image_url', image_url: { url: 'https://example.com/page.png', detail } });
+  const text = await counter.countChat({ model, messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare these pages.' }] }] });
+  const three = await counter.countChat({
+    model,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare these pages.' }, image('high'), image('high'), image('high')] }],
+  });
+  // 1. Each at base + 8 tiles, 85 + 8 × 170: above the 1,105 a large image is really billed.
+  t.equal(three.tokens, text.tokens + 3 * 1445);
+  t.ok(three.tokens - text.tokens >= 3 * 1105);
+  t.equal(three.upperBound, true);
+  t.equal(three.method, 'tiktoken:o200k_base:upper-bound');
+  t.equal(three.textUpperBound, false, 'the text itself is exact: no second count can help');
+  t.same(three.images, { parts: 3, tokens: 3 * 1445, least: 3 * 255 });
+  t.equal(three.prefix[1], three.tokens - 3, 'the message carries its images in the running prefix');
+  // 2. The same message for gpt-4o-mini, on the same counter and cache (same encoding): its own figure.
+  const mini = await counter.countChat({
+    model: 'gpt-4o-mini',
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare these pages.' }, image('high'), image('high'), image('high')] }],
+  });
+  t.equal(mini.tokens, text.tokens + 3 * 48_169);
+  // 3. Low detail is a flat figure: exact.
+  const low = await counter.countChat({ model, messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare these pages.' }, image('low')] }] });
+  t.match(low, { tokens: text.tokens + 85, upperBound: false, method: 'tiktoken:o200k_base', images: { parts: 1, tokens: 85, least: 85 } });
+  t.same(counter.countChatSync({ model, messages: [{ role: 'user', content: [{ type: 'text', text: 'Compare these pages.' }, image('high'), image('high'), image('high')] }] }), three);
 });
