@@ -23,9 +23,15 @@ export function upstreamBody(plan: Plan): Record<string, unknown> {
   const body: Record<string, unknown> = { ...plan.forwardBody };
   const { kind } = plan.valid;
   if (kind !== 'embeddings') {
+    // llama.cpp reads `n_predict`, else `max_tokens`; it has no `max_completion_tokens`, so a
+    // client's `max_completion_tokens` reaches it as `max_tokens` (the recorded props list only
+    // those two). Other upstreams get the field the client used (OpenAI's reasoning models refuse
+    // `max_tokens`), or `max_completion_tokens` for chat when it named none.
     const field =
-      plan.valid.maxTokensField ??
-      (kind === 'chat' && plan.upstream.config.kind === 'openai' ? 'max_completion_tokens' : 'max_tokens');
+      plan.upstream.config.kind === 'llamacpp'
+        ? 'max_tokens'
+        : (plan.valid.maxTokensField ?? (kind === 'chat' ? 'max_completion_tokens' : 'max_tokens'));
+    delete body.n_predict;
     delete body.max_tokens;
     delete body.max_completion_tokens;
     body[field] = plan.perChoiceAllowance;

@@ -246,7 +246,7 @@ class DoubleState {
 
   /** Validation shared by chat and completions; returns true when it already answered. */
   private invalid(body: Json, res: ServerResponse): boolean {
-    for (const field of ['max_tokens', 'max_completion_tokens', 'n_predict', 'n']) {
+    for (const field of ['max_tokens', 'n_predict', 'n']) {
       const v = body[field];
       if (v !== undefined && v !== null && typeof v !== 'number') {
         sendError(res, 400, 'invalid_request_error', `Field '${field}': [json.exception.type_error.302] type must be number, but is ${typeof v}`);
@@ -277,14 +277,9 @@ class DoubleState {
    * never stops by itself before max_tokens (random weights); with no max_tokens it writes 16.
    */
   private budget(body: Json, promptTokens: number): { count: number; limit: number } {
-    const asked =
-      typeof body.max_completion_tokens === 'number'
-        ? body.max_completion_tokens
-        : typeof body.max_tokens === 'number'
-          ? body.max_tokens
-          : typeof body.n_predict === 'number'
-            ? body.n_predict
-            : null;
+    // As the server reads it: `n_predict`, else `max_tokens`; `max_completion_tokens` is not read
+    // (props.response.json lists only those two in its params).
+    const asked = typeof body.n_predict === 'number' ? body.n_predict : typeof body.max_tokens === 'number' ? body.max_tokens : null;
     const ignore = this.opts.ignoreMaxTokens === true || asked === null || asked < 0;
     const room = Math.max(0, this.nCtx - promptTokens);
     const limit = ignore ? room : Math.min(asked, room);

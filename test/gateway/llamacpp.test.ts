@@ -144,3 +144,23 @@ t.test("an embeddings input past llama.cpp's batch size: its 500 is passed on on
   t.match(message, /too large to process/);
   t.equal(embeddingsCalls(), 1, 'one call reached the server: no retries');
 });
+
+t.test("the allowance reaches llama.cpp as max_tokens, the field it reads: a client's max_completion_tokens is renamed, its n_predict dropped", async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 40 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const chat = fixture('chat-nonstream.request.json');
+  const { max_tokens: _omit, ...rest } = chat as Json & { max_tokens?: unknown };
+  for (const [label, extra] of [
+    ['max_completion_tokens', { max_completion_tokens: 4 }],
+    ['n_predict beside max_tokens', { max_tokens: 4, n_predict: 50 }],
+  ] as const) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...rest, ...extra }) });
+    const body = (await res.json()) as { usage: { completion_tokens: number } };
+    t.equal(res.status, 200, label);
+    const sent = llama.requests.filter((r) => r.path === '/v1/chat/completions').at(-1)!.body as Json;
+    t.equal(sent.max_tokens, 4, `${label}: forwarded as max_tokens`);
+    t.notOk('max_completion_tokens' in sent || 'n_predict' in sent, `${label}: no other field that llama.cpp would read instead`);
+    t.equal(body.usage.completion_tokens, 4, `${label}: the server wrote no more than the allowance`);
+  }
+});
