@@ -105,11 +105,14 @@ export function normaliseUpstreamError(status: number, text: string): Record<str
 }
 
 /**
- * An upstream error that the same request will meet again: a llama.cpp server's 500 for an
- * embeddings input past its physical batch size (fixtures/llamacpp: emb-error-embeddings-overflow).
- * It keeps its status, but the SDKs are told not to retry it (they retry every 5xx twice).
+ * An upstream error that the same request will meet again, from a llama.cpp server: its 500 for an
+ * embeddings input past its physical batch size (fixtures/llamacpp: emb-error-embeddings-overflow),
+ * and its 501 for what it was not started to do (error-embeddings-not-enabled). They keep their
+ * status, but the SDKs are told not to retry them (they retry every 5xx twice).
  */
 export function upstreamErrorIsFinal(kind: 'openai' | 'llamacpp', status: number, body: Record<string, unknown>): boolean {
-  const message = (body.error as { message?: unknown } | undefined)?.message;
-  return kind === 'llamacpp' && status === 500 && typeof message === 'string' && /is too large to process\. increase the physical batch size/.test(message);
+  if (kind !== 'llamacpp') return false;
+  const error = body.error as { message?: unknown; type?: unknown } | undefined;
+  if (status === 501 && error?.type === 'not_supported_error') return true;
+  return status === 500 && typeof error?.message === 'string' && /is too large to process\. increase the physical batch size/.test(error.message);
 }

@@ -41,6 +41,8 @@ export interface LlamaCppDoubleOptions {
   modelAlias?: string;
   /** Physical batch size: an embeddings row over it is a 500, as recorded. Default 512. */
   ubatch?: number;
+  /** Started without `--embeddings`: an embeddings request is a 501 (error-embeddings-not-enabled). Default true. */
+  embeddings?: boolean;
 }
 
 export interface LlamaCppDouble {
@@ -353,6 +355,9 @@ class DoubleState {
   }
 
   private embeddings(body: Json, res: ServerResponse): void {
+    if (this.opts.embeddings === false) {
+      return sendError(res, 501, 'not_supported_error', 'This server does not support embeddings. Start it with `--embeddings`');
+    }
     const rows = promptRows(body.input);
     if (rows === null) return sendError(res, 400, 'invalid_request_error', '"input" must be a string or an array');
     const ubatch = this.opts.ubatch ?? 512;

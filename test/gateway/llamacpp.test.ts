@@ -164,3 +164,17 @@ t.test("the allowance reaches llama.cpp as max_tokens, the field it reads: a cli
     t.equal(body.usage.completion_tokens, 4, `${label}: the server wrote no more than the allowance`);
   }
 });
+
+t.test("a llama.cpp server started without --embeddings: its 501 is passed on once, marked final", async (t) => {
+  const llama = await startLlamaCppDouble({ embeddings: false });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const { default: OpenAI } = await import('openai');
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 2 });
+  const status = await client.embeddings.create({ model: 'tiny', input: 'hello' }).then(
+    () => null,
+    (err: { status?: number; code?: unknown }) => [err.status, err.code],
+  );
+  t.same(status, [501, 'not_supported_error'], "the server's own status, its type as the code");
+  t.equal(llama.requests.filter((r) => r.path === '/v1/embeddings').length, 1, 'no retries');
+});
