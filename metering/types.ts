@@ -50,9 +50,23 @@ export interface ChatPrompt {
   messages: ChatMessage[];
   tools?: ToolDefinition[];
   tool_choice?: unknown;
+  /**
+   * The request's other fields that a server rendering its own chat template renders with
+   * (`add_generation_prompt`, `chat_template_kwargs`, …: see `TEMPLATE_FIELDS`); llama.cpp's
+   * count passes them on, so it stays the server's own.
+   */
+  template?: Record<string, unknown>;
   /** Counts already known for the leading messages (metering/prefix-memo.ts); a hint a counter may use. */
   known?: KnownPrefix;
 }
+
+/**
+ * Chat request fields besides `messages` and `tools` that change what a llama.cpp server's chat
+ * template renders (its /apply-template parses the request as its chat route does): `tool_choice`
+ * `"none"` leaves the tools out, `chat_template_kwargs` sets template switches such as
+ * `enable_thinking`, `add_generation_prompt` and `continue_final_message` change the end.
+ */
+export const TEMPLATE_FIELDS = ['tool_choice', 'parallel_tool_calls', 'add_generation_prompt', 'continue_final_message', 'chat_template_kwargs', 'reasoning_format'] as const;
 
 /**
  * The counts of an earlier, equal list of leading messages, from the counter that made them. Never

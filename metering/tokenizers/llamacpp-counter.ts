@@ -102,7 +102,9 @@ export class LlamaCppCounter implements TokenCounter {
    * in the prompt, so every `prefix[k]` comes from the same tokenization without more calls.
    */
   async countChat(prompt: ChatPrompt, signal?: AbortSignal): Promise<ChatCount> {
-    const body: { messages: ChatMessage[]; tools?: unknown } = { messages: prompt.messages };
+    // What the server renders its template with: the messages, the tools, and the request's
+    // template fields (a tool_choice of "none" drops the tools, chat_template_kwargs switches …).
+    const body: Record<string, unknown> & { messages: ChatMessage[] } = { ...prompt.template, messages: prompt.messages };
     if (prompt.tools !== undefined && prompt.tools.length > 0) body.tools = prompt.tools;
     const key = cacheKey(`llamacpp:${this.opts.baseUrl}:chat`, body);
     const known = this.chatCounts.get(key);

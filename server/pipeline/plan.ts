@@ -7,7 +7,7 @@ import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import type { ValidRequest } from './endpoints.js';
-import type { ChatCount, ChatMessage, KnownPrefix, TokenCounter } from '../../metering/types.js';
+import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, type TokenCounter } from '../../metering/types.js';
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
@@ -112,6 +112,16 @@ function toolHashOf(valid: ValidRequest): string {
   return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: choice ?? null }));
 }
 
+/** The request's fields a server's chat template renders with (`TEMPLATE_FIELDS`); a final answer has no tool fields. */
+function templateFields(body: Record<string, unknown>, finalAnswer: boolean): Record<string, unknown> | undefined {
+  let found: Record<string, unknown> | undefined;
+  for (const field of TEMPLATE_FIELDS) {
+    if (body[field] === undefined || (finalAnswer && (field === 'tool_choice' || field === 'parallel_tool_calls'))) continue;
+    (found ??= {})[field] = body[field];
+  }
+  return found;
+}
+
 /**
  * Counts every row with the model's own tokenizer (metering/row-plan.ts `countRows`). `finalMessages`
  * counts the final-answer request instead: its messages, and no tools. `exact` is the tokenizer's
@@ -130,8 +140,8 @@ async function countAll(
     valid.kind !== 'chat'
       ? { prompt: body.prompt, input: body.input }
       : finalMessages
-        ? { messages: finalMessages }
-        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, known };
+        ? { messages: finalMessages, template: templateFields(body, true) }
+        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, template: templateFields(body, false), known };
   try {
     return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model));
   } catch (err) {

@@ -91,7 +91,7 @@ const TOOLS_OUTRO =
  * The prompt llama.cpp renders for a chat request. A final assistant message is a prefill: left
  * open (no `<|im_end|>`) and without a generation prompt, as `apply-template.response.json` shows.
  */
-export function renderChat(messages: TemplateMessage[], tools?: unknown[]): string {
+export function renderChat(messages: TemplateMessage[], tools?: unknown[], addGenerationPrompt = true): string {
   const last = messages[messages.length - 1];
   const prefill = last !== undefined && last.role === 'assistant';
   let out = '';
@@ -122,7 +122,7 @@ export function renderChat(messages: TemplateMessage[], tools?: unknown[]): stri
     // Any other role is dropped silently, as the recorded server does (error-bad-role).
   });
   if (prefill) return out.endsWith('<|im_end|>\n') ? out.slice(0, -'<|im_end|>\n'.length) : out;
-  return out + '<|im_start|>assistant\n';
+  return addGenerationPrompt ? out + '<|im_start|>assistant\n' : out;
 }
 
 /** The template string the recorded server reports in `/props` (fixtures/llamacpp/props.response.json). */

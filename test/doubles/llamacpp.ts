@@ -184,9 +184,14 @@ class DoubleState {
     }
   }
 
+  /**
+   * As llama.cpp parses a chat request for its template: `tool_choice: "none"` renders no tools,
+   * `add_generation_prompt: false` leaves the reply's opening out (not in the recordings: from the
+   * server's request parsing).
+   */
   private render(body: Json): string {
-    const tools = Array.isArray(body.tools) ? (body.tools as unknown[]) : undefined;
-    return renderChat(body.messages as TemplateMessage[], tools);
+    const tools = Array.isArray(body.tools) && body.tool_choice !== 'none' ? (body.tools as unknown[]) : undefined;
+    return renderChat(body.messages as TemplateMessage[], tools, body.add_generation_prompt !== false);
   }
 
   private tokenizeBody(body: Json): Array<number | { id: number; piece: string | number[] }> {

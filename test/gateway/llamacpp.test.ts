@@ -178,3 +178,20 @@ t.test("a llama.cpp server started without --embeddings: its 501 is passed on on
   t.same(status, [501, 'not_supported_error'], "the server's own status, its type as the code");
   t.equal(llama.requests.filter((r) => r.path === '/v1/embeddings').length, 1, 'no retries');
 });
+
+t.test("the pre-count renders the template with the request's template fields, so it stays the server's own count", async (t) => {
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const tools = [{ type: 'function', function: { name: 'search', description: 'Search the web', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }];
+  const base = { ...fixture('chat-nonstream.request.json'), max_tokens: 4 };
+  for (const [label, extra] of [
+    ['tools with tool_choice "none"', { tools, tool_choice: 'none' }],
+    ['add_generation_prompt false', { add_generation_prompt: false }],
+  ] as const) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...base, ...extra }) });
+    const body = (await res.json()) as { usage: { prompt_tokens: number } };
+    t.equal(res.status, 200, label);
+    t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')) - 4, body.usage.prompt_tokens, `${label}: the pre-count is the server's prompt_tokens (${body.usage.prompt_tokens})`);
+  }
+});
