@@ -6,7 +6,7 @@ import { startOpenAiDouble } from '../doubles/openai.js';
 import { processConfig, startGatewayProcess } from '../helpers/process.js';
 
 t.test('SIGKILL under load, then restart', async (t) => {
-  const upstream = await startOpenAiDouble({ completionTokens: 10, delayMs: 15 });
+  const upstream = await startOpenAiDouble({ completionTokens: 10, delayMs: 120 });
   t.teardown(upstream.close);
   const { configPath } = processConfig(t, upstream.url, 'tollgate-crash-');
   const first = await startGatewayProcess(configPath);
