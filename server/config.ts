@@ -1,7 +1,8 @@
 // Configuration: one JSON file (TOLLGATE_CONFIG), validated once at start and frozen (SPEC §8).
 // A bad field is named in the error, e.g. `upstreams[1].baseUrl: must be a URL`.
 
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, isAbsolute, resolve } from 'node:path';
 import { Reader, ConfigError } from './config-reader.js';
 import { DEFAULT_PREFIX_MEMO_BYTES } from '../metering/prefix-memo.js';
 
@@ -290,7 +291,30 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   } catch (err) {
     throw new ConfigError(`TOLLGATE_CONFIG: ${path} is not valid JSON: ${(err as Error).message}`);
   }
-  return parseConfig(raw, env);
+  return parseConfig(besideConfig(raw, dirname(resolve(path))), env);
+}
+
+/**
+ * A relative `prices.overrides` names a file beside the config file, wherever the gateway is
+ * started from: a config and its prices are kept together (a file not there but in the working
+ * directory is taken from there). `store.path` stays relative to the working directory, as its
+ * default is: the ledger is data, kept where the process writes (a volume), not with a config
+ * that may be mounted read-only.
+ */
+function besideConfig(raw: unknown, dir: string): unknown {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return raw;
+  const config = raw as Record<string, unknown>;
+  const place = (section: string, field: string) => {
+    const obj = config[section];
+    if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) return;
+    const value = (obj as Record<string, unknown>)[field];
+    if (typeof value !== 'string' || value === '' || isAbsolute(value)) return;
+    const beside = resolve(dir, value);
+    const chosen = !existsSync(beside) && existsSync(value) ? value : beside;
+    config[section] = { ...obj, [field]: chosen };
+  };
+  place('prices', 'overrides');
+  return config;
 }
 
 function deepFreeze<T>(value: T): T {

@@ -168,3 +168,20 @@ t.test('loadConfig reads TOLLGATE_CONFIG and names what is wrong with it', async
   t.throws(() => loadConfig({ TOLLGATE_CONFIG: notJson }), { name: 'ConfigError', message: /^TOLLGATE_CONFIG: .*broken\.json is not valid JSON/ });
   t.throws(() => loadConfig({ TOLLGATE_CONFIG: join(dir, 'missing.json') }), { name: 'ConfigError', message: /^TOLLGATE_CONFIG: cannot read .*missing\.json/ });
 });
+
+t.test('a relative prices.overrides is beside the config file, wherever the gateway starts; else in the working directory', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-cfg-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const configPath = join(dir, 'tollgate.json');
+  writeFileSync(join(dir, 'prices.json'), '{"models": {}}');
+  writeFileSync(configPath, JSON.stringify({ upstreams: [upstream()], store: { path: 'ledger.db' }, prices: { overrides: 'prices.json' } }));
+  const config = loadConfig({ TOLLGATE_CONFIG: configPath });
+  t.equal(config.prices.overrides, join(dir, 'prices.json'), 'the file beside the config');
+  t.equal(config.store.kind === 'sqlite' && config.store.path, 'ledger.db', 'the ledger stays in the working directory');
+  // Not beside the config, but in the working directory: as before.
+  writeFileSync(configPath, JSON.stringify({ upstreams: [upstream()], prices: { overrides: 'package.json' } }));
+  t.equal(loadConfig({ TOLLGATE_CONFIG: configPath }).prices.overrides, 'package.json');
+  // An absolute path is left alone.
+  writeFileSync(configPath, JSON.stringify({ upstreams: [upstream()], prices: { overrides: '/nowhere/prices.json' } }));
+  t.equal(loadConfig({ TOLLGATE_CONFIG: configPath }).prices.overrides, '/nowhere/prices.json');
+});
