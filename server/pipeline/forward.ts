@@ -95,8 +95,9 @@ export function normaliseUpstreamError(status: number, text: string): Record<str
         message: typeof e.message === 'string' ? e.message : `upstream answered ${status}`,
         type,
         param: typeof e.param === 'string' ? e.param : null,
-        // llama.cpp sends the HTTP status as a number here; its `type` is the useful code.
-        code: typeof e.code === 'string' ? e.code : type,
+        // llama.cpp sends the HTTP status as a number here; its `type` is the useful code. A
+        // provider's own `null` (OpenAI's usual) stays null: passed through, not rewritten.
+        code: typeof e.code === 'string' || e.code === null ? e.code : type,
       },
     };
   }
