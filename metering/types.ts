@@ -126,6 +126,11 @@ export interface TokenCounter {
   /** Output text as generated (used to meter streamed output when the provider gives no usage). */
   countOutput(text: string): number;
   /**
+   * The longest start of `text` (whole characters) that is at most `tokens` tokens, for a streamed
+   * piece that crosses the allowance; '' when it cannot be told cheaply.
+   */
+  leadingText?(text: string, tokens: number): string;
+  /**
    * A counter that counts more exactly, at more cost, where this one gives upper bounds (tiktoken:
    * long runs without spaces); asked for only before refusing a request on an upper bound.
    */

@@ -14,7 +14,11 @@ import type {
 } from '../types.js';
 import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
 import { messageDigest } from '../message-digest.js';
-import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, type PieceCount } from './bounded-encode.js';
+import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, getEncoder, type PieceCount } from './bounded-encode.js';
+import { utf8Prefix } from '../utf8-prefix.js';
+
+/** Longest streamed piece whose leading tokens are found for a cut (BPE is quadratic in a run's length). */
+const LEADING_TEXT_MAX_CHARS = 1024;
 import type { CountPool } from './count-pool.js';
 import { imageRuleFor, imageTokens, isImagePart, type ImageRule } from './image-tokens.js';
 
@@ -280,6 +284,19 @@ export class TiktokenCounter implements TokenCounter {
   /** Per streamed chunk: small, synchronous, always inline. */
   countOutput(text: string): number {
     return countBounded(this.encoding, text).tokens;
+  }
+
+  /**
+   * The first `tokens` tokens of a short piece, as text: encoding is lossless byte-level BPE, so
+   * they are the piece's first B bytes, cut back to a whole character. A long piece (where BPE's
+   * time is not bounded) gets '' and is dropped whole, as before.
+   */
+  leadingText(text: string, tokens: number): string {
+    if (tokens <= 0 || text.length > LEADING_TEXT_MAX_CHARS) return '';
+    const enc = getEncoder(this.encoding);
+    const ids = enc.encode_ordinary(text);
+    if (ids.length <= tokens) return text;
+    return utf8Prefix(text, enc.decode(ids.subarray(0, tokens)).length);
   }
 
   private label(upperBound: boolean): CountMethod {

@@ -1,7 +1,8 @@
 // Counts generated output per choice as it streams, against the allowance reserved for it. The
 // upstream is not trusted to honour `max_tokens` (SPEC §2.6): text that would pass the allowance is
-// not forwarded, and the choice is ended by the gateway. Such a choice counts its whole allowance:
-// the upstream did write the piece that crossed it (and settlement never charges past the reservation).
+// not forwarded — only the start of the crossing piece that still fits — and the choice is ended by
+// the gateway. Such a choice counts its whole allowance: the upstream did write the piece that
+// crossed it (and settlement never charges past the reservation).
 //
 // With a tokenizer, a chunk's UTF-8 bytes are an upper bound on its tokens (a byte-level BPE token
 // is at least one byte), so while a choice's bytes stay within its allowance nothing needs counting
@@ -9,6 +10,7 @@
 // That keeps a tokenizer call off every one of a long stream's chunks (bench/RESULTS.md).
 
 import type { TokenCounter } from '../../metering/types.js';
+import { utf8Prefix } from '../../metering/utf8-prefix.js';
 
 export type OutputCounting = 'tokenizer' | 'chunk' | 'bytes';
 
@@ -31,6 +33,12 @@ interface ChoiceMeter {
 
 export class OutputMeter {
   private readonly choices = new Map<number, ChoiceMeter>();
+  /**
+   * After `add` refused a piece: its start that fits what the choice had left ('' when none, or
+   * when it cannot be told). The relay forwards it with the cut, so a piece of several tokens that
+   * crosses the allowance still delivers the tokens the choice is charged for.
+   */
+  cutText = '';
 
   constructor(
     private readonly counting: OutputCounting,
@@ -54,6 +62,7 @@ export class OutputMeter {
    * be forwarded, and the choice has then generated its whole allowance.
    */
   add(index: number, text: string): boolean {
+    this.cutText = '';
     if (text.length === 0) return true;
     const c = this.choice(index);
     if (c.closed) return false;
@@ -64,10 +73,12 @@ export class OutputMeter {
         return this.admit(c, c.estimated + 1, () => (c.estimated += 1));
       case 'bytes': {
         const after = Math.ceil((c.bytes + bytes) / 4);
-        return this.admit(c, after, () => {
+        const ok = this.admit(c, after, () => {
           c.bytes += bytes;
           c.estimated = after;
         });
+        if (!ok) this.cutText = utf8Prefix(text, this.perChoice * 4 - c.bytes);
+        return ok;
       }
       case 'tokenizer': {
         // Exact tokens of what was counted + bytes of what was not: an upper bound.
@@ -84,7 +95,10 @@ export class OutputMeter {
           return true;
         }
         const tokens = this.counter.countOutput(text);
-        return this.admit(c, c.exact + tokens, () => (c.exact = (c.exact ?? 0) + tokens));
+        const left = this.perChoice - c.exact;
+        const ok = this.admit(c, c.exact + tokens, () => (c.exact = (c.exact ?? 0) + tokens));
+        if (!ok) this.cutText = this.counter.leadingText?.(text, left) ?? '';
+        return ok;
       }
     }
   }

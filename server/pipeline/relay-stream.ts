@@ -119,6 +119,17 @@ export async function relayStream(
     choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: reason } : { index, text: '', finish_reason: reason }],
   });
   const lengthChunk = (index: number): Json => finishChunk(index, 'length');
+  /**
+   * The chunk that ends a choice cut at its allowance: with the start of the crossing piece that
+   * still fits (meter.cutText), when the piece was plain text, else with no text.
+   */
+  const cutChunk = (index: number, piece: Json | null): Json => {
+    const chunk = lengthChunk(index);
+    const text = meter.cutText;
+    if (text === '' || !plainText(piece)) return chunk;
+    const [choice] = chunk.choices as Json[];
+    return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
+  };
 
   const handle = (event: SseEvent): boolean => {
     if (event.data === null) return true; // upstream comments are not passed on
@@ -143,7 +154,7 @@ export async function relayStream(
       // Past the allowance: the choice ends here, as below.
       finished.add(0);
       out.cut = true;
-      write(sseData(lengthChunk(0)));
+      write(sseData(cutChunk(0, null)));
       return finished.size < choicesExpected;
     }
     let chunk: unknown;
@@ -183,8 +194,8 @@ export async function relayStream(
       }
       const text = deltaText(raw);
       if (!meter.add(index, text)) {
-        // Past the allowance: this piece is not forwarded and the choice ends here.
-        kept.push(...(lengthChunk(index).choices as Json[]));
+        // Past the allowance: the choice ends here, with what of this piece still fits.
+        kept.push(...(cutChunk(index, raw).choices as Json[]));
         finished.add(index);
         out.cut = true;
         untouched = false;
@@ -321,4 +332,12 @@ function errorOf(data: string): Json {
     // not JSON: the text is the message
   }
   return { message: data, type: 'upstream_error', param: null, code: null };
+}
+
+/** A choice whose only output is plain text (content, or a completion's text); null is the fast path's content chunk. */
+function plainText(choice: Json | null): boolean {
+  if (choice === null) return true;
+  if (typeof choice.text === 'string') return true;
+  const d = choice.delta;
+  return isObject(d) && typeof d.content === 'string' && d.tool_calls == null && d.reasoning_content == null;
 }

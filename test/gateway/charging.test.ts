@@ -171,31 +171,38 @@ t.test('a stream from an upstream that ignores max_tokens is cut at the allowanc
   t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')), (settled.charge_tokens as number) + (settled.refund_tokens as number));
 });
 
-t.test('a stream cut by a chunk that crosses the allowance is charged the whole allowance: the upstream wrote it', async (t) => {
-  // Three tokens a chunk against an allowance of 10: three chunks (9 tokens) fit, the fourth would
-  // pass it. That chunk is not forwarded, but the upstream generated it: nothing is refunded.
-  const upstream = await startOpenAiDouble({ completionTokens: 40, ignoreMaxTokens: true, word: ' alpha beta gamma' });
-  t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
-  const res = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'gpt-4o', max_tokens: 10, stream: true, messages: [{ role: 'user', content: 'Talk.' }] }),
+for (const kind of ['chat', 'completions'] as const) {
+  t.test(`a stream cut by a chunk that crosses the allowance delivers what of it fits, and is charged the whole allowance (${kind})`, async (t) => {
+    // Three tokens a chunk against an allowance of 10: three chunks (9 tokens) fit, the fourth would
+    // pass it. Its first token still fits: the client gets it with the cut, and the whole allowance
+    // is charged (the upstream generated the rest of that chunk too): nothing is refunded.
+    const upstream = await startOpenAiDouble({ completionTokens: 40, ignoreMaxTokens: true, word: ' alpha beta gamma' });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+    const body = kind === 'chat' ? { model: 'gpt-4o', max_tokens: 10, stream: true, messages: [{ role: 'user', content: 'Talk.' }] } : { model: 'gpt-4o', max_tokens: 10, stream: true, prompt: 'Talk.' };
+    const res = await fetch(`${gw.url}/v1/${kind === 'chat' ? 'chat/completions' : 'completions'}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    const text = await res.text();
+    const events = text.split('\n\n').filter(Boolean);
+    const chunks = events.filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as Json);
+    const pieceOf = (c: Json) => {
+      const choice = (c.choices as Json[])[0];
+      return (kind === 'chat' ? ((choice?.delta as Json | undefined)?.content as string | undefined) : (choice?.text as string | undefined)) ?? '';
+    };
+    t.equal(chunks.map(pieceOf).join(''), ' alpha beta gamma'.repeat(3) + ' alpha', 'ten tokens reached the client: nine whole chunks and the start of the crossing one');
+    t.same(chunks.map((c) => (c.choices as Json[])[0]?.finish_reason).filter(Boolean), ['length']);
+    const settled = JSON.parse(events.find((e) => e.startsWith(': tollgate '))!.slice(': tollgate '.length)) as Json;
+    const reserved = Number(res.headers.get('x-tollgate-reserved-tokens'));
+    t.equal(settled.refund_tokens, 0, 'nothing refunded');
+    t.equal(settled.charge_tokens, reserved, 'charged the prompt and the whole allowance');
+    const rows = await ledgerRows(gw);
+    t.equal(rows.length, 1);
+    t.equal(rows[0]!.generated_tokens, 10, 'the ledger records the allowance as generated');
   });
-  const text = await res.text();
-  const events = text.split('\n\n').filter(Boolean);
-  const chunks = events.filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as Json);
-  const content = chunks.map((c) => ((c.choices as Json[])[0]?.delta as Json | undefined)?.content ?? '').join('');
-  t.equal(content, ' alpha beta gamma'.repeat(3), 'the chunks within the allowance reached the client, the crossing one did not');
-  t.same(chunks.map((c) => (c.choices as Json[])[0]?.finish_reason).filter(Boolean), ['length']);
-  const settled = JSON.parse(events.find((e) => e.startsWith(': tollgate '))!.slice(': tollgate '.length)) as Json;
-  const reserved = Number(res.headers.get('x-tollgate-reserved-tokens'));
-  t.equal(settled.refund_tokens, 0, 'nothing refunded');
-  t.equal(settled.charge_tokens, reserved, 'charged the prompt and the whole allowance');
-  const rows = await ledgerRows(gw);
-  t.equal(rows.length, 1);
-  t.equal(rows[0]!.generated_tokens, 10, 'the ledger records the allowance as generated');
-});
+}
 
 t.test("a legacy completions request's best_of is reserved whole: the upstream generates every candidate", async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 10 });

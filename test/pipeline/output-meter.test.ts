@@ -39,3 +39,20 @@ t.test('choices are metered apart; llama.cpp counts a token per chunk; the estim
   t.equal(bytes.total(), 2);
   t.equal(bytes.method, 'estimate:bytes');
 });
+
+t.test('a piece that crosses the allowance leaves the start that fits in cutText (whole characters)', async (t) => {
+  const meter = new OutputMeter('tokenizer', counter, 4);
+  t.ok(meter.add(0, ' one two'));
+  t.notOk(meter.add(0, ' three four five'), 'five tokens against four');
+  t.equal(meter.cutText, ' three four', 'the two tokens that still fit');
+  t.equal(meter.total(), 4, 'the choice counts its whole allowance');
+  // By bytes (no tokenizer): 4 tokens are 16 bytes; a multi-byte character is never split.
+  const bytes = new OutputMeter('bytes', counter, 4);
+  t.ok(bytes.add(0, 'abcdefghij'));
+  t.notOk(bytes.add(0, 'éééé'));
+  t.equal(bytes.cutText, 'ééé', '6 bytes were left: three two-byte characters');
+  // A long piece is not re-encoded on the event loop: dropped whole, as before.
+  const long = new OutputMeter('tokenizer', counter, 2);
+  t.notOk(long.add(0, 'x'.repeat(5000)));
+  t.equal(long.cutText, '');
+});
