@@ -196,8 +196,32 @@ async function relayAdmitted(
     return;
   }
 
+  // An upstream that answered with no usable answer: an error object in a 200, a body that is not
+  // JSON, or anything but an event stream to a stream request. Nothing was generated: the whole
+  // reservation is refunded, and a final turn is answered with the evidence excerpt (SPEC §5).
+  const badResponse = async (err: GatewayError): Promise<void> => {
+    upstreamMs = performance.now() - tForward;
+    const fallback = plan.mode === 'final-answer';
+    settled = await settle(gw, plan, { status: fallback ? 200 : err.status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true });
+    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    finishLog(err.status, err);
+    reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });
+    throw err;
+  };
+
+  if (plan.valid.stream && !isEventStream(res.headers['content-type'])) {
+    const text = await readText(res.body).catch(() => '');
+    return badResponse(notAStream(plan, text));
+  }
+
   if (!plan.valid.stream) {
-    const json = await relayJson(plan, res);
+    let json: Awaited<ReturnType<typeof relayJson>>;
+    try {
+      json = await relayJson(plan, res);
+    } catch (err) {
+      if (err instanceof GatewayError && err.code === 'upstream_bad_response') return badResponse(err);
+      throw err;
+    }
     upstreamMs = performance.now() - tForward;
     // The gateway counts the output itself only where the provider's figure cannot be trusted.
     const texts = providerOutputTrusted(plan, json.usage)
@@ -310,4 +334,23 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   body += `: tollgate ${JSON.stringify({ charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd, fallback: 'evidence-excerpt' })}\n\n`;
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}
+
+function isEventStream(contentType: string | string[] | undefined): boolean {
+  const value = Array.isArray(contentType) ? contentType[0] : contentType;
+  return value === undefined || /^\s*text\/event-stream\b/i.test(value);
+}
+
+/** A stream request answered with something else than an event stream: the provider's error, said as it said it. */
+function notAStream(plan: Plan, text: string): GatewayError {
+  let message = text.slice(0, 500);
+  try {
+    const parsed = JSON.parse(text) as { error?: { message?: unknown } | string };
+    const e = parsed?.error;
+    if (typeof e === 'string') message = e;
+    else if (e && typeof e.message === 'string') message = e.message;
+  } catch {
+    // not JSON: its start is the message
+  }
+  return new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered a stream request with no event stream: ${message || 'an empty body'}`);
 }

@@ -226,7 +226,8 @@ t.test('a refusal outside a model request is one line at info; a failure is one 
   await res.text();
   const lines = gw.lines().slice(seen);
   t.equal(lines.length, 1, `one line: ${lines.map((l) => l.msg).join(', ')}`);
-  t.match(lines[0], { msg: 'request failed', level: 40, status: 502, code: 'upstream_bad_response', tenant: 'acme', model: 'gpt-4o', upstream: 'openai', err: /No endpoints found/ });
+  // Its one line is the settled request's, with its figures (a whole refund) and the failure.
+  t.match(lines[0], { msg: 'request settled', level: 40, status: 502, code: 'upstream_bad_response', tenant: 'acme', model: 'gpt-4o', upstream: 'openai', err: /No endpoints found/, charge_tokens: 0 });
 });
 
 t.test('an upstream key variable the environment lacks is warned about at start, by name only', async (t) => {

@@ -209,3 +209,21 @@ t.test('an upstream 200 whose body is an error → 502 upstream_bad_response wit
   t.match((err as InstanceType<typeof OpenAI.APIError>).message, /answered 200 with an error: No endpoints found for this model/);
   await wholeRefund(t, gw, 502);
 });
+
+t.test('a stream request answered 200 with an error object (no event stream) → 502 with its message, refunded in full', async (t) => {
+  const upstream = await startOpenAiDouble({ failWith: { status: 200, body: { error: { message: 'No endpoints found for this model', code: 404 } } } });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const err = await (async () => {
+    const stream = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'x' }], max_tokens: 20, stream: true });
+    for await (const _chunk of stream) {
+      // an answer would be read here
+    }
+    return null;
+  })().catch((e: unknown) => e);
+  t.ok(err instanceof OpenAI.APIError, 'the SDK sees an error, not an empty stream that looks like an answer');
+  t.equal((err as InstanceType<typeof OpenAI.APIError>).status, 502);
+  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /answered a stream request with no event stream: No endpoints found for this model/);
+  await wholeRefund(t, gw, 502);
+});

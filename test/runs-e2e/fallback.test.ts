@@ -143,3 +143,27 @@ for (const stream of [false, true]) {
     t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
   });
 }
+
+for (const stream of [false, true]) {
+  for (const [label, failWith] of [
+    ['an error object in a 200', { status: 200, body: { error: { message: 'No endpoints found', code: 404 } } }],
+    ['a body that is not JSON', { status: 200, body: '<html>oops</html>' }],
+  ] as const) {
+    t.test(`a final turn answered with ${label} → the evidence excerpt, 200, nothing charged (${stream ? 'streamed' : 'non-streamed'})`, async (t) => {
+      const upstream = await startOpenAiDouble({ completionTokens: 4, toolCalls: searchWhileOffered });
+      t.teardown(upstream.close);
+      const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+      const c = client(gw.url);
+      const messages: Parameters<typeof turn>[1] = [{ role: 'user', content: 'Where is the price table?' }];
+      const first = await turn(c, messages, { stream, conversation: 'conv-bad' });
+      messages.push({ role: 'assistant', content: null, tool_calls: first.toolCalls.map((x) => ({ id: x.id, type: 'function' as const, function: { name: x.name, arguments: x.arguments } })) });
+      messages.push({ role: 'tool', tool_call_id: first.toolCalls[0]!.id, content: 'pricing/price-table.ts wraps genai-prices' });
+      upstream.options.failWith = failWith;
+      const final = await turn(c, messages, { stream, conversation: 'conv-bad' });
+      t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+      t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE);
+      t.equal(final.headers.get('x-tollgate-charge-tokens') ?? '0', '0');
+      t.equal(chatRequests(upstream).length, 2, 'the final turn reached the upstream once: no retries');
+    });
+  }
+}
