@@ -63,6 +63,11 @@ export interface Plan {
   /** What each choice of each row may generate. */
   perChoiceAllowance: number;
   mode: 'normal' | 'final-answer';
+  /**
+   * A final answer whose own request cannot fit the model's window or the size limits: no model is
+   * called, the run ends with the evidence excerpt, and nothing is charged.
+   */
+  excerptOnly: boolean;
   finalReason: FinalReason | null;
   /** Run-token refusal decided while planning (the atomic check happens again at admission). */
   tokenRefusal: { remainingTokens: number; neededTokens: number } | null;
@@ -78,6 +83,16 @@ export interface Plan {
  */
 export function isToolRound(plan: Plan): boolean {
   return plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
+}
+
+/**
+ * Whether a request refused for its size is answered instead: a chat research round (it offers
+ * tools) in a run whose tools have already run, so there is evidence to answer from.
+ */
+function answersInstead(valid: ValidRequest, writeTools: readonly string[]): boolean {
+  if (valid.kind !== 'chat' || !valid.messages) return false;
+  if (valid.tools === null && !Array.isArray(valid.body.functions)) return false;
+  return inspectRun(valid.messages, writeTools).toolRounds > 0;
 }
 
 /** Longest conversation id a client may name: its spend and cap routes take it in their path. */
@@ -267,6 +282,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
   const countedAsSent = counted;
   const sentLongestRow = rows.longestRowLeast;
+  // A research round that outgrew the window (or a size limit) after tools have run is answered
+  // instead: the run goes to its tools-free final answer (seed 001, SPEC §5: a run always ends in
+  // an answer). A first request too large, or one that is itself an answer, is refused as before.
+  const outgrown = sizeRefusal !== null && answersInstead(valid, gw.config.runs.writeTools);
+  if (outgrown) sizeRefusal = null;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
     err.context = rowFigures(valid.model, upstream.name, rows, contextWindow);
@@ -319,9 +339,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let mode: Plan['mode'] = 'normal';
   let finalReason: FinalReason | null = null;
   let tokenRefusal: Plan['tokenRefusal'] = null;
+  let excerptOnly = false;
   if (valid.kind === 'chat' && runInspection) {
     const offersTools = valid.tools !== null || Array.isArray(valid.body.functions);
-    const decision = decideMode({
+    const decision: ReturnType<typeof decideMode> = outgrown ? { mode: 'final-answer', reason: 'tokens' } : decideMode({
       bounds,
       run: runInspection,
       offersTools,
@@ -376,7 +397,12 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         defaultMaxTokens: gw.config.defaults.maxTokens,
         contextWindow,
       });
-      if (room !== null && (room < valid.n || promptCharge + rows.allowance > remaining!)) {
+      // A final request that cannot fit the window or the size limits itself is not sent: the run
+      // ends with the evidence excerpt (seed 001: final context preparation failed), for nothing.
+      if (checkSizes(rows, gw.config.limits, contextWindow, true) !== null) {
+        excerptOnly = true;
+        promptCharge = 0;
+      } else if (room !== null && (room < valid.n || promptCharge + rows.allowance > remaining!)) {
         tokenRefusal = { remainingTokens: remaining!, neededTokens: promptCharge + rows.allowance };
       }
     } else if (decision.mode === 'refuse-tokens') {
@@ -389,7 +415,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
   const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
   const worstPrompt = worstPromptTokens(rows);
-  const worst = upstream.billing === 'metered' && price ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance }) : null;
+  const worst = upstream.billing === 'metered' && price && !excerptOnly ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance }) : null;
 
   return {
     id: `req-${uuidV7()}`,
@@ -415,8 +441,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     toolHash,
     sharedPrefixTokens: shared,
     promptCharge,
-    allowance: rows.allowance,
-    perChoiceAllowance: rows.perRowAllowance,
+    allowance: excerptOnly ? 0 : rows.allowance,
+    perChoiceAllowance: excerptOnly ? 0 : rows.perRowAllowance,
+    excerptOnly,
     mode,
     finalReason,
     tokenRefusal,

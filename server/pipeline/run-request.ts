@@ -156,6 +156,13 @@ async function relayAdmitted(
     );
   };
 
+  // A final answer that could not fit the model at all: the run ends with the evidence excerpt,
+  // and no model is called (plan.ts).
+  if (plan.excerptOnly) {
+    settled = await settle(gw, plan, { status: 200, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: true, refundAll: true });
+    return sendFallback(gw, plan, reply, notices, settled, finishLog);
+  }
+
   let res: Dispatcher.ResponseData;
   try {
     res = await forward(plan, abort.signal);

@@ -1,0 +1,77 @@
+// A run whose research outgrew the model's window after tools have run still ends in an answer
+// (seed 001, SPEC §5): the round that no longer fits goes as the tools-free final answer, and when
+// even that cannot fit, the run ends with the evidence excerpt — no model called, nothing charged.
+// A first request too large, with no tool results to answer from, is refused as before (413).
+
+import t from 'tap';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { EXCERPT_FIRST_LINE } from '../../metering/runs/evidence-excerpt.js';
+import { chatRequests, searchWhileOffered } from './agent-loop.js';
+
+type Json = Record<string, unknown>;
+
+const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+
+/** A run with one tool round whose result is `resultWords` tokens long. */
+function runWithResult(resultWords: number): Json[] {
+  return [
+    { role: 'user', content: 'Survey the field.' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: `found:${' word'.repeat(resultWords)}` },
+  ];
+}
+
+async function setup(t: { teardown(fn: () => unknown): void }) {
+  const upstream = await startOpenAiDouble({ completionTokens: 5, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 3000 })] });
+  const post = async (messages: Json[], extra: Json = {}) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': `c-${messages.length}-${JSON.stringify(extra).length}` },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages, tools, max_tokens: 256, ...extra }),
+    });
+    return { res, body: (await res.json()) as Json };
+  };
+  return { upstream, post };
+}
+
+t.test('a round that no longer fits the window after tools have run goes as the final answer', async (t) => {
+  const { upstream, post } = await setup(t);
+  // ~2,800 tokens of results + 256 asked: over the 3,000-token window as sent.
+  const { res, body } = await post(runWithResult(2800));
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  t.equal(res.headers.get('x-tollgate-fallback'), null, "the model's own answer");
+  const sent = chatRequests(upstream).at(-1)!;
+  t.notOk('tools' in sent, 'no tools offered');
+  const prompt = Number(res.headers.get('x-tollgate-reserved-tokens')) - Number(sent.max_tokens ?? sent.max_completion_tokens);
+  t.ok(prompt + Number(sent.max_tokens ?? sent.max_completion_tokens) <= 3000, 'the answer was sent within the window');
+  t.match(((body.choices as Json[])[0]!.message as Json).content, /^( hi)+$/);
+});
+
+t.test('a final answer that cannot fit the window either: the evidence excerpt, no model called, nothing charged', async (t) => {
+  const { upstream, post } = await setup(t);
+  const before = chatRequests(upstream).length;
+  const { res, body } = await post(runWithResult(3500));
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  t.equal(res.headers.get('x-tollgate-charge-tokens'), '0');
+  t.equal(chatRequests(upstream).length, before, 'no model was called');
+  const content = ((body.choices as Json[])[0]!.message as Json).content as string;
+  t.equal(content.split('\n')[0], EXCERPT_FIRST_LINE);
+  t.match(content, /found: word word/);
+});
+
+t.test('a request too large with no tool results to answer from is refused as before', async (t) => {
+  const { upstream, post } = await setup(t);
+  const first = await post([{ role: 'user', content: ' word'.repeat(3500) }]);
+  t.equal(first.res.status, 413);
+  t.equal((first.body.error as Json).code, 'context_window_exceeded');
+  // …and so is one that is itself an answer (no tools offered).
+  const answer = await post(runWithResult(3500), { tools: undefined });
+  t.equal(answer.res.status, 413);
+  t.equal(chatRequests(upstream).length, 0);
+});
