@@ -72,9 +72,10 @@ function timeParam(v: unknown, name: string): number | null {
 const EXPORT_YIELD_ROWS = 1000;
 
 const route: FastifyPluginAsync = async (app) => {
-  app.addHook('preHandler', async (request, reply) => {
-    if (request.url.startsWith('/admin')) await requireAdmin(request, reply);
-  });
+  // Every route of this plugin (it is encapsulated: the hook holds for these routes alone) needs the
+  // admin token, checked before its body is read. Not decided from `request.url`: that is the raw
+  // request target, which `/%61dmin/…` or an absolute `http://host/admin/…` also routes here.
+  app.addHook('onRequest', requireAdmin);
   const ledger = () => app.gateway.ledger;
 
   app.post('/admin/tenants', async (request, reply) => {

@@ -189,3 +189,30 @@ t.test('a field a route does not take is a 400 naming it, and changes nothing (a
   t.equal((await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN)).body.monthly_budget_usd, 7);
   t.equal((await call(gw.url, 'GET', '/admin/conversations/c1/spend', ADMIN)).status, 404);
 });
+
+t.test('the operator API cannot be reached around its token: a percent-encoded path or an absolute-form target is 401 too', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const { connect } = await import('node:net');
+  for (const [method, path, body] of [
+    ['POST', '/%61dmin/keys', { tenant: 'alice' }],
+    ['PUT', '/%61dmin/tenants/alice/budget', { monthly_budget_usd: null }],
+    ['GET', '/%61dmin/ledger', undefined],
+    ['GET', '/a%64min/tenants/alice/spend', undefined],
+  ] as const) {
+    const res = await call(gw.url, method, path, { authorization: `Bearer ${ALICE}` }, body);
+    t.equal(res.status, 403, `${method} ${path} with a client key`);
+    t.equal((await call(gw.url, method, path, {}, body)).status, 401, `${method} ${path} without a token`);
+  }
+  // The absolute form of a request target (RFC 9112 §3.2.2), over a raw socket.
+  const { port } = new URL(gw.url);
+  const raw = await new Promise<string>((resolve, reject) => {
+    const socket = connect(Number(port), '127.0.0.1', () => socket.write(`GET http://x/admin/ledger HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+    let text = '';
+    socket.on('data', (b) => (text += b.toString()));
+    socket.on('end', () => resolve(text));
+    socket.on('error', reject);
+  });
+  t.match(raw, /^HTTP\/1\.1 401 /, 'absolute form without a token');
+  const spend = await call(gw.url, 'GET', '/admin/tenants/alice/spend', { authorization: `Bearer ${ADMIN}` });
+  t.not((spend.body as { monthly_budget_usd: unknown }).monthly_budget_usd, null, "alice's budget is still there");
+});
