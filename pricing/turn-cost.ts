@@ -37,6 +37,13 @@ export interface TurnCostInput {
   providerCostUsd?: number | null;
 }
 
+/**
+ * The most a provider's own figure is believed for one turn: far above any real turn, and small
+ * enough that sums of them stay ordinary numbers. A larger figure (1e308 has been seen from a
+ * broken upstream, and summed to Infinity in the ledger) is no measurement: list price is used.
+ */
+export const PROVIDER_COST_LIMIT_USD = 1_000_000;
+
 function validCount(n: number | null | undefined): number {
   return typeof n === 'number' && Number.isFinite(n) && n > 0 ? n : 0;
 }
@@ -74,7 +81,7 @@ export function turnCost({ billing, price, usage, providerCostUsd }: TurnCostInp
     };
   }
   const saved = price ? savedByCacheUsd(price, usage) : null;
-  if (typeof providerCostUsd === 'number' && Number.isFinite(providerCostUsd) && providerCostUsd >= 0) {
+  if (typeof providerCostUsd === 'number' && Number.isFinite(providerCostUsd) && providerCostUsd >= 0 && providerCostUsd <= PROVIDER_COST_LIMIT_USD) {
     return { costUsd: roundUsd(providerCostUsd), savedUsd: saved, planWorkUsd: null, source: 'provider', priceSource: null };
   }
   if (price) {

@@ -25,6 +25,18 @@ t.test('the provider figure (usage.cost) is the cost when the provider sends one
   t.equal(row.cost_usd, 0.0123);
 });
 
+t.test('a provider figure no turn could cost (1e308) is no measurement: list price, and the month stays a number', async (t) => {
+  const { gw } = await moneyWorld(t, { metered: { providerCost: 1e308, promptTokens: () => 1000, completionTokens: 8 } });
+  const r = await chat(gw, ALICE, ask('gpt-4o'));
+  t.equal(r.status, 200, 'the answer is passed on, not a 500');
+  t.equal(r.headers.get('x-tollgate-cost-usd'), String(listUsd('gpt-4o', 1000, 0, 8)));
+  const [row] = await ledgerRows(gw.url);
+  t.equal(row.cost_usd, listUsd('gpt-4o', 1000, 0, 8));
+  const spend = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
+  t.ok(Number.isFinite((spend.body as { spent_usd: number }).spent_usd), 'the month spent a finite amount');
+  t.equal((await chat(gw, ALICE, ask('gpt-4o'))).status, 200, 'and the tenant can go on');
+});
+
 t.test('list price: uncached input, cached input at the cache-read price, output; the saving', async (t) => {
   const { gw } = await moneyWorld(t, { metered: { promptTokens: () => 1000, cachedTokens: 400, completionTokens: 8 } });
   const r = await chat(gw, ALICE, ask('gpt-4o'), { 'x-tollgate-conversation': 'listed' });
