@@ -41,6 +41,11 @@ export class GatewayError extends Error {
   readonly type: string;
   /** What planning knew when it refused (row counts…): shown by /v1/admission, not in the envelope. */
   context: Record<string, unknown> = {};
+  /**
+   * What a log line says of this error when its message carries text the upstream wrote (which can
+   * repeat the prompt: SPEC §10, prompt text is never logged by default). Null: the message itself.
+   */
+  logMessage: string | null = null;
 
   constructor(
     readonly code: ErrorCode,
@@ -71,3 +76,9 @@ export function envelope(
 
 /** Refusals are final: the OpenAI SDKs honour `x-should-retry` before their own retry rules. */
 export const NO_RETRY_HEADERS = Object.freeze({ 'x-should-retry': 'false' });
+
+/** An error whose message quotes the upstream: the client gets all of it, a log line only `logMessage`. */
+export function quotingUpstream(err: GatewayError, logMessage: string): GatewayError {
+  err.logMessage = logMessage;
+  return err;
+}

@@ -4,7 +4,7 @@
 
 import type { Dispatcher } from 'undici';
 import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, quotingUpstream } from '../errors.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -74,7 +74,10 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   // A provider that reports a failure in a 200 (an error object and no answer) failed all the same.
   if (isObject(parsed.error) && !Array.isArray(parsed.choices) && !Array.isArray(parsed.data)) {
     const message = typeof parsed.error.message === 'string' ? parsed.error.message : JSON.stringify(parsed.error);
-    throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered 200 with an error: ${message}`);
+    throw quotingUpstream(
+      new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered 200 with an error: ${message}`),
+      `upstream "${plan.upstream.name}" answered 200 with an error (its message is not logged: it may repeat the prompt)`,
+    );
   }
   const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
   const texts = choices.map(choiceText);

@@ -6,7 +6,7 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
-import { GatewayError } from '../errors.js';
+import { GatewayError, quotingUpstream } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
 import type { Plan } from './plan.js';
@@ -132,7 +132,12 @@ async function relayAdmitted(
     m.overhead.observe({ route: kind }, overhead);
     m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
     m.requests.inc({ route: kind, upstream: plan.upstream.name, status: String(status) });
-    const failed = failure === undefined ? null : failure instanceof GatewayError ? { code: failure.code, err: failure.message } : { err: (failure as Error)?.message ?? String(failure) };
+    const failed =
+      failure === undefined
+        ? null
+        : failure instanceof GatewayError
+          ? { code: failure.code, err: gw.config.logging.prompts ? failure.message : (failure.logMessage ?? failure.message) }
+          : { err: (failure as Error)?.message ?? String(failure) };
     request.log[failed ? 'warn' : 'info'](
       {
         id: plan.id,
@@ -359,5 +364,8 @@ function notAStream(plan: Plan, text: string): GatewayError {
   } catch {
     // not JSON: its start is the message
   }
-  return new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered a stream request with no event stream: ${message || 'an empty body'}`);
+  return quotingUpstream(
+    new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered a stream request with no event stream: ${message || 'an empty body'}`),
+    `upstream "${plan.upstream.name}" answered a stream request with no event stream (its message is not logged: it may repeat the prompt)`,
+  );
 }

@@ -215,19 +215,21 @@ t.test('a refusal outside a model request is one line at info; a failure is one 
   }
   // 2. an upstream failure the pipeline did not log (a 200 whose body is an error): one line, at
   // warn, saying why
-  gw.upstream.options.failWith = { status: 200, body: { error: { message: 'No endpoints found', code: 404 } } };
+  // Its message repeats the prompt, as some upstreams' do: the client gets it, the log does not.
+  gw.upstream.options.failWith = { status: 200, body: { error: { message: 'could not process: Hello PROMPT-TEXT-4711', code: 404 } } };
   const seen = gw.lines().length;
   const res = await fetch(`${gw.url}/v1/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
-    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 10 }),
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'Hello PROMPT-TEXT-4711' }], max_tokens: 10 }),
   });
   t.equal(res.status, 502);
-  await res.text();
+  t.match(await res.text(), /PROMPT-TEXT-4711/, "the client is told the upstream's own message");
   const lines = gw.lines().slice(seen);
   t.equal(lines.length, 1, `one line: ${lines.map((l) => l.msg).join(', ')}`);
   // Its one line is the settled request's, with its figures (a whole refund) and the failure.
-  t.match(lines[0], { msg: 'request settled', level: 40, status: 502, code: 'upstream_bad_response', tenant: 'acme', model: 'gpt-4o', upstream: 'openai', err: /No endpoints found/, charge_tokens: 0 });
+  t.match(lines[0], { msg: 'request settled', level: 40, status: 502, code: 'upstream_bad_response', tenant: 'acme', model: 'gpt-4o', upstream: 'openai', err: /answered 200 with an error \(its message is not logged/, charge_tokens: 0 });
+  t.notMatch(JSON.stringify(lines), /PROMPT-TEXT-4711/, 'no prompt text in the log');
 });
 
 t.test('an upstream key variable the environment lacks is warned about at start, by name only', async (t) => {
