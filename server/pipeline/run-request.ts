@@ -70,8 +70,11 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   } catch (caught) {
     const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? shuttingDown() : caught;
     if (!once.settling) {
-      const status = err instanceof GatewayError ? err.status : 500;
-      await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: true }).catch(
+      // A client that went away while the model worked pays for the prompt it read (499), as at
+      // forwarding; anything else that ended the request here refunds it all.
+      const clientGone = abort.signal.aborted && abort.signal.reason !== SHUTTING_DOWN;
+      const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 500;
+      await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone }).catch(
         (e: unknown) => request.log.error({ err: e, id: plan.id }, 'settling after an error failed: the reservation stays open until recovered'),
       );
     }
@@ -191,7 +194,7 @@ async function relayAdmitted(
   }
 
   if (res.statusCode >= 400) {
-    const text = await readText(res.body).catch(() => '');
+    const text = await errorText(plan, res);
     upstreamMs = performance.now() - tForward;
     const fallback = plan.mode === 'final-answer';
     settled = await settle(gw, plan, { status: fallback ? 200 : res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true });
@@ -222,7 +225,7 @@ async function relayAdmitted(
   };
 
   if (plan.valid.stream && !isEventStream(res.headers['content-type'])) {
-    const text = await readText(res.body).catch(() => '');
+    const text = await errorText(plan, res);
     return badResponse(notAStream(plan, text));
   }
 
@@ -231,8 +234,10 @@ async function relayAdmitted(
     try {
       json = await relayJson(plan, res);
     } catch (err) {
+      if (abort.signal.aborted) throw err;
       if (err instanceof GatewayError && err.code === 'upstream_bad_response') return badResponse(err);
-      throw err;
+      // The upstream's connection broke while its answer was read: nothing usable came.
+      return badResponse(new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" broke off its answer: ${(err as Error).message}`, {}, null, { cause: err }));
     }
     upstreamMs = performance.now() - tForward;
     // The gateway counts the output itself only where the provider's figure cannot be trusted.
@@ -266,7 +271,8 @@ async function relayAdmitted(
     raw.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache',
-      connection: 'keep-alive',
+      // No `connection` header of its own: Node keeps the connection alive, or closes it after the
+      // stream when the client sent `Connection: close` (RFC 9112 §9.6).
       'x-accel-buffering': 'no',
       ...upstreamHeaders(res.headers),
       ...admissionHeaders(plan, notices),
@@ -368,4 +374,17 @@ function notAStream(plan: Plan, text: string): GatewayError {
     new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered a stream request with no event stream: ${message || 'an empty body'}`),
     `upstream "${plan.upstream.name}" answered a stream request with no event stream (its message is not logged: it may repeat the prompt)`,
   );
+}
+
+/** Bytes of an upstream's error body read and passed on; past it, the status alone speaks. */
+const ERROR_BODY_BYTES = 1024 * 1024;
+
+/**
+ * An upstream's error body, bounded, and with the upstream's own key taken out: a provider that
+ * echoes the request's headers in its error must not hand the gateway's key to the client.
+ */
+async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<string> {
+  const text = await readText(res.body, ERROR_BODY_BYTES).catch(() => '');
+  const key = plan.upstream.apiKey;
+  return key && key.length >= 8 ? text.split(key).join('[redacted]') : text;
 }
