@@ -32,6 +32,9 @@ import spendRoute from '../routes/spend.js';
 import { NowAndThen } from './log-now-and-then.js';
 import adminRoutes from '../routes/admin.js';
 
+
+/** How long a client may take to send a whole request (headers and body). */
+export const REQUEST_TIMEOUT_MS = 300_000;
 export interface AppOptions {
   config: Config;
   ledger?: Ledger;
@@ -71,6 +74,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     },
     // Bodies are bounded by our own parser, which counts bytes exactly (server/body.ts).
     bodyLimit: Number.MAX_SAFE_INTEGER,
+    // A request must have arrived whole within this time (Node's own default, which Fastify turns
+    // off): a client that sends its headers and then its body a byte at a time, or never, does not
+    // hold a connection and a buffered body for ever. Answers (streams) are not bounded by it.
+    requestTimeout: REQUEST_TIMEOUT_MS,
     // One structured line per request comes from the pipeline itself (SPEC §10).
     logController: new LogController({ disableRequestLogging: true }),
     requestIdHeader: false,

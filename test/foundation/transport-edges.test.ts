@@ -1,7 +1,7 @@
 // The HTTP edges of a request, both sides: an upstream that breaks off its answer is a 502 (not the
 // gateway's 500) and refunds; a client that leaves while a non-streamed answer is read is settled
 // as 499, its prompt charged; an upstream error that echoes its key has it taken out; a stream
-// honours the client's `Connection: close`.
+// honours the client's `Connection: close`; and a request must arrive whole in bounded time.
 
 import t from 'tap';
 import { createServer, type Server } from 'node:http';
@@ -9,6 +9,7 @@ import { connect } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { REQUEST_TIMEOUT_MS } from '../../server/app.js';
 import type { LedgerRow } from '../../metering/ledger.js';
 
 type Json = Record<string, unknown>;
@@ -91,3 +92,8 @@ t.test("a stream answers a client's Connection: close by closing after it", asyn
   t.ok(closed, 'the gateway closed the connection after the stream');
 });
 
+t.test('a request must arrive whole within the request timeout', async (t) => {
+  const gw = await startGateway(t, { upstreams: [openaiUpstream('http://127.0.0.1:9')] });
+  t.equal(gw.app.server.requestTimeout, REQUEST_TIMEOUT_MS);
+  t.ok(REQUEST_TIMEOUT_MS > 0 && REQUEST_TIMEOUT_MS <= 300_000);
+});
