@@ -164,3 +164,48 @@ function checkWindow(plan: PlanFigures, window: number, generates: boolean): Siz
     },
   };
 }
+
+/** Tokens every chat message costs in an OpenAI-family count, whatever it says (the cookbook's 3). */
+export const TOKENS_PER_MESSAGE = 3;
+
+/**
+ * A chat request with more messages than its limits can hold at the tokens each message costs
+ * whatever it says: refused before it is counted, on that lower bound (counting 200,000 messages
+ * one by one held the event loop for seconds). Only for a tiktoken count, whose per-message cost
+ * is fixed; `null` when the messages alone cannot decide.
+ */
+export function messageFloorRefusal(
+  messages: number,
+  method: CountMethod,
+  limits: Partial<SizeLimits> = {},
+  contextWindow: number | null = null,
+): SizeRefusal | null {
+  if (!method.startsWith('tiktoken:')) return null;
+  const { maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
+  // The reply's priming (3 tokens) is in every count too.
+  const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE;
+  const label = `${method.replace(/:upper-bound$/, '')}:lower-bound` as CountMethod;
+  const why = `a lower bound: ${messages} messages at ${TOKENS_PER_MESSAGE} tokens each, before what they say`;
+  if (floor > maxRowTokens) {
+    return {
+      code: 'row_too_large',
+      message: `too many tokens: one row has at least ${floor} tokens, the limit is ${maxRowTokens} per row (${why})`,
+      details: { row_index: 0, row_tokens: floor, limit: maxRowTokens, count_method: label },
+    };
+  }
+  if (floor > maxRequestTokens) {
+    return {
+      code: 'request_tokens_exceeded',
+      message: `too many tokens: the rows add up to at least ${floor} tokens, the limit is ${maxRequestTokens} (${why})`,
+      details: { rows: 1, sum_tokens: floor, limit: maxRequestTokens, count_method: label },
+    };
+  }
+  if (contextWindow !== null && floor >= contextWindow) {
+    return {
+      code: 'context_window_exceeded',
+      message: `request too large: the prompt needs at least ${floor} tokens, more than the model's context window of ${contextWindow} tokens (${why})`,
+      details: { row_index: 0, prompt_tokens: floor, allowance: 0, context_window: contextWindow, count_method: label },
+    };
+  }
+  return null;
+}

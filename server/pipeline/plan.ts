@@ -11,7 +11,7 @@ import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, ty
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
-import { checkSizes } from '../../metering/size-check.js';
+import { checkSizes, messageFloorRefusal } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
@@ -254,6 +254,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined);
   // Every count of this plan uses it once it is needed (the final-answer request's too).
   let counter = opts.exact ? exactCounter() : undefined;
+  if (messages) {
+    const floor = messageFloorRefusal(messages.length, gw.counters.forModel(upstream, valid.model).method, gw.config.limits, contextWindow);
+    if (floor) throw new GatewayError(floor.code, floor.message, floor.details);
+  }
   let counted = await countAll(gw, upstream, valid, undefined, known, counter);
   const rowsOf = (c: RowCounts) =>
     planRows({

@@ -345,3 +345,24 @@ t.test('a prompt exactly the window: refused as leaving no room to generate; an 
   const over = await post('/v1/embeddings', { model: 'gpt-4o', input: `${input} word` });
   t.equal(over.status, 413);
 });
+
+t.test('more messages than the limits can hold at 3 tokens each: refused on that lower bound, before counting', async (t) => {
+  const { both, post, upstream } = await setup(t, {});
+  const messages = Array.from({ length: 20_000 }, () => ({ role: 'user', content: '' }));
+  const real = await both('/v1/chat/completions', { model: 'gpt-4o', messages });
+  t.equal(real.status, 413);
+  t.same(real.body.error, {
+    message: 'too many tokens: one row has at least 60003 tokens, the limit is 36864 per row (a lower bound: 20000 messages at 3 tokens each, before what they say)',
+    type: 'invalid_request_error',
+    param: null,
+    code: 'row_too_large',
+    row_index: 0,
+    row_tokens: 60003,
+    limit: 36864,
+    count_method: 'tiktoken:o200k_base:lower-bound',
+  });
+  // Below the bound, the request is counted as ever: 9,000 empty messages (4 tokens each, with their role) fit.
+  const fits = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: messages.slice(0, 9_000) });
+  t.equal(fits.status, 200);
+  t.equal(upstream.requests.length, 1, 'only the request that fits reached the model');
+});
