@@ -7,7 +7,7 @@ import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import { MAX_JSON_DEPTH, nestedDeeperThan, tooDeep } from '../server/body.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
-import { rowFigures } from '../server/pipeline/plan.js';
+import { planHeaders, rowFigures } from '../server/pipeline/plan.js';
 import { planRequest } from '../server/pipeline/plan-exact.js';
 import { precheck, refusalError, reservationOf, unpricedUnderLimit } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
@@ -88,7 +88,7 @@ const route: FastifyPluginAsync = async (app) => {
       }
       const valid = validateRequest(kind, call.request);
       try {
-        plan = await planRequest(gw, valid, request.principal!, request.headers, { dryRun: true });
+        plan = await planRequest(gw, valid, request.principal!, planHeaders(request.raw), { dryRun: true });
       } catch (err) {
         // The prompt fits the window but the max_tokens asked for does not: planned again with
         // max_tokens left out (the allowance the window leaves), the figures and budgets say what
@@ -97,7 +97,7 @@ const route: FastifyPluginAsync = async (app) => {
         if (!(err instanceof GatewayError) || err.code !== 'context_window_exceeded' || (asked.max_tokens == null && asked.max_completion_tokens == null)) throw err;
         const { max_tokens: _m, max_completion_tokens: _c, ...rest } = asked;
         try {
-          plan = await planRequest(gw, validateRequest(kind, rest), request.principal!, request.headers, { dryRun: true });
+          plan = await planRequest(gw, validateRequest(kind, rest), request.principal!, planHeaders(request.raw), { dryRun: true });
         } catch {
           throw err;
         }

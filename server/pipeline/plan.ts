@@ -2,6 +2,7 @@
 // shared prefix and charge, the allowance, the worst-case cost and the mode. Calls no model; a
 // llama.cpp upstream may be asked to tokenize. Used by the real request and by /v1/admission alike.
 
+import type { IncomingMessage } from 'node:http';
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
@@ -107,12 +108,32 @@ export function isConversationId(s: string): boolean {
 /** A conversation id from a header (trimmed; absent or blank is null), refused unless printable ASCII of a bounded length. */
 function idHeader(headers: Headers, name: string): string | null {
   const v = headers[name];
+  // Sent twice, the two ids would reach here joined (`a, b`) as one id nobody named.
+  if (Array.isArray(v) && v.length > 1) {
+    throw new GatewayError('invalid_request', `${name}: sent ${v.length} times, name one conversation`, {}, name);
+  }
   const s = (Array.isArray(v) ? v[0] : v)?.trim();
   if (!s) return null;
   if (!isConversationId(s)) {
     throw new GatewayError('invalid_request', `${name}: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, name);
   }
   return s;
+}
+
+/** The conversation headers, `x-tollgate-conversation` and `x-tollgate-parent`. */
+const ID_HEADERS = ['x-tollgate-conversation', 'x-tollgate-parent'] as const;
+
+/**
+ * A request's headers as planning reads them: the conversation headers each as every value it was
+ * sent with (Node joins a repeated header's values with ", ", which would make an id of them).
+ */
+export function planHeaders(raw: IncomingMessage): Headers {
+  const headers: Headers = { ...raw.headers };
+  for (const name of ID_HEADERS) {
+    const all = raw.headersDistinct[name];
+    if (all !== undefined) headers[name] = all.length === 1 ? all[0] : all;
+  }
+  return headers;
 }
 
 export function monthOf(ms: number): string {

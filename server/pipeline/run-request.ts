@@ -9,7 +9,7 @@ import type { Gateway } from '../gateway.js';
 import { GatewayError, quotingUpstream } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
-import type { Plan } from './plan.js';
+import { planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
 import { forward, normaliseUpstreamError, upstreamErrorIsFinal } from './forward.js';
@@ -55,7 +55,8 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   request.routedModel = valid.model;
   const principal = await gw.auth.authenticate(request.headers.authorization);
   request.principal = principal;
-  const planOnce = () => planRequest(gw, valid, principal, request.headers);
+  const headers = planHeaders(request.raw);
+  const planOnce = () => planRequest(gw, valid, principal, headers);
   const plan = await admit(gw, await planOnce(), planOnce);
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).

@@ -97,3 +97,28 @@ t.test('a request must arrive whole within the request timeout', async (t) => {
   t.equal(gw.app.server.requestTimeout, REQUEST_TIMEOUT_MS);
   t.ok(REQUEST_TIMEOUT_MS > 0 && REQUEST_TIMEOUT_MS <= 300_000);
 });
+
+t.test('a conversation header sent twice is a 400 naming it, not a new conversation named "a, b"', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const { port } = new URL(gw.url);
+  for (const name of ['x-tollgate-conversation', 'x-tollgate-parent']) {
+    const body = JSON.stringify(chat);
+    const text = await new Promise<string>((resolve) => {
+      const socket = connect(Number(port), '127.0.0.1', () =>
+        socket.write(
+          `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${name}: conv-a\r\n${name}: conv-b\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+        ),
+      );
+      let text = '';
+      socket.on('data', (b) => (text += b.toString()));
+      socket.on('end', () => resolve(text));
+    });
+    t.match(text, /^HTTP\/1\.1 400 /, name);
+    t.match(text, new RegExp(`"param":"${name}"`));
+    t.match(text, /sent 2 times, name one conversation/);
+  }
+  t.equal(upstream.requests.length, 0);
+  t.equal((await rows(gw)).length, 0, 'nothing in the ledger');
+});
