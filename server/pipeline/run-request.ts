@@ -272,8 +272,9 @@ async function relayAdmitted(
     raw.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache',
-      // No `connection` header of its own: Node keeps the connection alive, or closes it after the
-      // stream when the client sent `Connection: close` (RFC 9112 §9.6).
+      // Said explicitly (left to Node, a client's abort went unnoticed until the keep-alive timeout,
+      // so the upstream generated on for ~70 s); `close` when the client asked for it (RFC 9112 §9.6).
+      connection: /\bclose\b/i.test(request.headers.connection ?? '') ? 'close' : 'keep-alive',
       'x-accel-buffering': 'no',
       ...upstreamHeaders(res.headers),
       ...admissionHeaders(plan, notices),
