@@ -194,12 +194,24 @@ async function relayAdmitted(
     throw err;
   }
 
-  if (res.statusCode >= 400) {
-    const text = await errorText(plan, res);
+  /**
+   * An upstream that failed before any output: the whole reservation is refunded, and a final
+   * turn is answered with the evidence excerpt (SPEC §5; null then: the answer is sent).
+   */
+  const refundedFailure = async (status: number): Promise<Settled | null> => {
     upstreamMs = performance.now() - tForward;
     const fallback = plan.mode === 'final-answer';
-    settled = await settle(gw, plan, { status: fallback ? 200 : res.statusCode, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true });
-    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    // (`settled` too: the request's log line reads its figures.)
+    const done = (settled = await settle(gw, plan, { status: fallback ? 200 : status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true }));
+    if (!fallback) return done;
+    sendFallback(gw, plan, reply, notices, done, finishLog);
+    return null;
+  };
+
+  if (res.statusCode >= 400) {
+    const text = await errorText(plan, res);
+    const failed = await refundedFailure(res.statusCode);
+    if (!failed) return;
     finishLog(res.statusCode);
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).
@@ -207,7 +219,7 @@ async function relayAdmitted(
     const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
     reply
       .code(res.statusCode)
-      .headers({ ...upstreamHeaders(res.headers), ...final, ...admissionHeaders(plan, notices), ...settledHeaders(settled) })
+      .headers({ ...upstreamHeaders(res.headers), ...final, ...admissionHeaders(plan, notices), ...settledHeaders(failed) })
       .send(body);
     return;
   }
@@ -216,12 +228,10 @@ async function relayAdmitted(
   // JSON, or anything but an event stream to a stream request. Nothing was generated: the whole
   // reservation is refunded, and a final turn is answered with the evidence excerpt (SPEC §5).
   const badResponse = async (err: GatewayError): Promise<void> => {
-    upstreamMs = performance.now() - tForward;
-    const fallback = plan.mode === 'final-answer';
-    settled = await settle(gw, plan, { status: fallback ? 200 : err.status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: true });
-    if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
+    const failed = await refundedFailure(err.status);
+    if (!failed) return;
     finishLog(err.status, err);
-    reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(settled) });
+    reply.headers({ ...admissionHeaders(plan, notices), ...settledHeaders(failed) });
     throw err;
   };
 
