@@ -16,11 +16,11 @@ import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '.
 import { messageDigest } from '../message-digest.js';
 import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, getEncoder, type PieceCount } from './bounded-encode.js';
 import { utf8Prefix } from '../utf8-prefix.js';
+import type { CountPool } from './count-pool.js';
+import { imageRuleFor, imageTokens, isImagePart, type ImageRule } from './image-tokens.js';
 
 /** Longest streamed piece whose leading tokens are found for a cut (BPE is quadratic in a run's length). */
 const LEADING_TEXT_MAX_CHARS = 1024;
-import type { CountPool } from './count-pool.js';
-import { imageRuleFor, imageTokens, isImagePart, type ImageRule } from './image-tokens.js';
 
 // Ordered so that the longer prefixes win (gpt-4o before gpt-4, text-embedding-3 before nothing).
 export const MODEL_PREFIXES: ReadonlyArray<readonly [string, TiktokenEncoding]> = [

@@ -118,13 +118,12 @@ export async function relayStream(
     ...out.meta,
     choices: [plan.valid.kind === 'chat' ? { index, delta: {}, finish_reason: reason } : { index, text: '', finish_reason: reason }],
   });
-  const lengthChunk = (index: number): Json => finishChunk(index, 'length');
   /**
    * The chunk that ends a choice cut at its allowance: with the start of the crossing piece that
    * still fits (meter.cutText), when the piece was plain text, else with no text.
    */
   const cutChunk = (index: number, piece: Json | null): Json => {
-    const chunk = lengthChunk(index);
+    const chunk = finishChunk(index, 'length');
     const text = meter.cutText;
     if (text === '' || !plainText(piece)) return chunk;
     const [choice] = chunk.choices as Json[];
