@@ -7,7 +7,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
-import { SseParser, sseData, type SseEvent } from './sse.js';
+import { SseEventTooLarge, SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
 import { OutputMeter, deltaText } from './output-meter.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
@@ -244,8 +244,10 @@ export async function relayStream(
       if (out.clientGone) break;
     }
     if (!out.cut && !done) for (const event of parser.end()) if (!handle(event)) break;
-  } catch {
-    out.upstreamLost = !out.clientGone;
+  } catch (err) {
+    // An event that never ends is a broken answer, said as such; anything else lost the upstream.
+    if (err instanceof SseEventTooLarge) out.upstreamError = { message: `upstream "${plan.upstream.name}" sent a broken stream: ${err.message}`, type: 'upstream_error', param: null, code: 'upstream_bad_response' };
+    else out.upstreamLost = !out.clientGone;
   }
   // Whatever stopped the relay before the upstream's end — the allowance, the client, an error in
   // the stream or one while handling it — stops the upstream too: it would generate for no one.

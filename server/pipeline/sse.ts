@@ -12,8 +12,24 @@ export interface SseEvent {
   event?: string;
 }
 
+/**
+ * The most text one event may hold before its blank line. An OpenAI-style chunk is a few hundred
+ * bytes and llama.cpp's last one, with its timings, a few KB; an upstream that never ends its event
+ * would otherwise grow the buffer without bound.
+ */
+export const MAX_EVENT_CHARS = 16 * 1024 * 1024;
+
+/** An upstream's event grew past MAX_EVENT_CHARS without ending. */
+export class SseEventTooLarge extends Error {
+  constructor() {
+    super(`an event of the upstream's stream passed ${MAX_EVENT_CHARS} characters without ending`);
+  }
+}
+
 export class SseParser {
-  private buffer = '';
+  /** The start of an event still waiting for its blank line, as read (never holds a blank line). */
+  private held: string[] = [];
+  private heldChars = 0;
   // StringDecoder rather than TextDecoder: the same handling of a character split across reads,
   // at a sixth of the cost per read in Node 20 (TextDecoder's streaming mode is the slow path).
   private readonly decoder = new StringDecoder('utf8');
@@ -51,21 +67,33 @@ export class SseParser {
         text = text.replace(/\r\n?/g, '\n');
       }
     }
+    // A read that ends no event is only held: the pieces of a long event are joined once, when its
+    // blank line arrives, not copied again with every read.
+    const endsHeld = text.charCodeAt(0) === 0x0a && this.held.length > 0 && this.held[this.held.length - 1]!.endsWith('\n');
+    if (!final && !endsHeld && !text.includes('\n\n')) {
+      if (text.length > 0) {
+        this.held.push(text);
+        this.heldChars += text.length;
+        if (this.heldChars > MAX_EVENT_CHARS) throw new SseEventTooLarge();
+      }
+      return [];
+    }
     const events: SseEvent[] = [];
-    const buf = this.buffer + text;
+    const buf = (this.held.length === 0 ? '' : this.held.length === 1 ? this.held[0]! : this.held.join('')) + text;
     let start = 0;
+    // What was held has no blank line in it: the search starts at its last character.
+    let from = Math.max(0, this.heldChars - 1);
     let at: number;
-    while ((at = buf.indexOf('\n\n', start)) !== -1) {
+    while ((at = buf.indexOf('\n\n', from)) !== -1) {
       if (at > start) events.push(parseEvent(buf.slice(start, at)));
       start = at + 2;
+      from = start;
     }
     const rest = buf.slice(start);
-    if (final && rest.trim().length > 0) {
-      events.push(parseEvent(rest.replace(/\n+$/, '')));
-      this.buffer = '';
-    } else {
-      this.buffer = rest;
-    }
+    if (rest.length > MAX_EVENT_CHARS) throw new SseEventTooLarge();
+    if (final && rest.trim().length > 0) events.push(parseEvent(rest.replace(/\n+$/, '')));
+    this.held = final || rest.length === 0 ? [] : [rest];
+    this.heldChars = this.held.length === 0 ? 0 : rest.length;
     return events;
   }
 }

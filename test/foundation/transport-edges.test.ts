@@ -122,3 +122,35 @@ t.test('a conversation header sent twice is a 400 naming it, not a new conversat
   t.equal(upstream.requests.length, 0);
   t.equal((await rows(gw)).length, 0, 'nothing in the ledger');
 });
+
+t.test('a stream event that never ends: an error event, the upstream let go, what came before charged', async (t) => {
+  let upstreamClosed: () => void = () => {};
+  const closed = new Promise<void>((r) => (upstreamClosed = r));
+  const server: Server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const chunk = (content: string) => `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+      res.write(chunk('Hello') + chunk(' there'));
+      // Then one event that never reaches its blank line: 1 MiB more of it every few milliseconds.
+      res.write('data: {"choices":[{"index":0,"delta":{"content":"');
+      const more = 'z'.repeat(1024 * 1024);
+      const timer = setInterval(() => res.write(more), 2);
+      res.on('close', () => { clearInterval(timer); upstreamClosed(); });
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...chat, stream: true }) });
+  t.equal(res.status, 200, 'the stream had started');
+  const text = await res.text();
+  t.match(text, /"content":"Hello"/);
+  t.match(text, /data: \{"error":\{"message":"upstream \\"openai\\" sent a broken stream: an event of the upstream's stream passed 16777216 characters without ending","type":"upstream_error","param":null,"code":"upstream_bad_response"\}\}/);
+  t.ok(text.endsWith('data: [DONE]\n\n'));
+  t.ok(text.length < 64 * 1024, `the endless event was not passed on (${text.length} characters came)`);
+  await closed;
+  t.pass('the upstream connection was closed');
+  const [row] = await rows(gw);
+  t.match(row, { status: 502, generated_tokens: 2, refund_tokens: 18 });
+});

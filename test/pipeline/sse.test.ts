@@ -2,7 +2,7 @@
 // reads, the same events come out as from the whole stream in one read.
 
 import t from 'tap';
-import { SseParser, type SseEvent } from '../../server/pipeline/sse.js';
+import { MAX_EVENT_CHARS, SseEventTooLarge, SseParser, type SseEvent } from '../../server/pipeline/sse.js';
 
 function parse(pieces: Buffer[]): SseEvent[] {
   const p = new SseParser();
@@ -63,4 +63,38 @@ t.test('CR-only line ends: an event is given out by the read that completes it',
   const q = new SseParser();
   t.same(q.push(Buffer.from('event: error\r')), []);
   t.same(q.push(Buffer.from('\ndata: {"error":{"message":"x"}}\r\n\r\n')), [{ data: '{"error":{"message":"x"}}', raw: 'event: error\ndata: {"error":{"message":"x"}}', event: 'error' }]);
+});
+
+t.test('an event read in many pieces is whole once its blank line comes; held pieces are not scanned again', async (t) => {
+  const p = new SseParser();
+  const content = 'x'.repeat(100_000);
+  const event = `data: {"choices":[{"index":0,"delta":{"content":"${content}"}}]}`;
+  const bytes = Buffer.from(`${event}\n\ndata: [DONE]\n\n`);
+  const events: SseEvent[] = [];
+  // The blank line itself split across two reads, after 1,000 reads of the event.
+  const cut = bytes.indexOf('\n\n') + 1;
+  for (let at = 0; at < cut; at += 100) events.push(...p.push(bytes.subarray(at, Math.min(at + 100, cut))));
+  t.same(events, [], 'nothing yet: the event has not ended');
+  events.push(...p.push(bytes.subarray(cut)));
+  t.same(events.map((e) => e.data), [event.slice(6), '[DONE]']);
+});
+
+t.test('an event that grows past MAX_EVENT_CHARS without ending is refused, not held for ever', async (t) => {
+  const p = new SseParser();
+  p.push(Buffer.from('data: {"a":1}\n\n'));
+  const piece = Buffer.from('data: ' + 'y'.repeat(1024 * 1024 - 6) + '\n');
+  let pushed = 0;
+  const err = (() => {
+    try {
+      for (;;) {
+        p.push(piece);
+        pushed += piece.length;
+        if (pushed > 2 * MAX_EVENT_CHARS) return null;
+      }
+    } catch (e) {
+      return e;
+    }
+  })();
+  t.ok(err instanceof SseEventTooLarge, 'SseEventTooLarge');
+  t.ok(pushed <= MAX_EVENT_CHARS, `refused once past the bound (${pushed} chars held before the last read)`);
 });
