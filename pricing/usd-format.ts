@@ -7,15 +7,16 @@ function plain(usd: number, decimals: number): string {
 }
 
 /**
- * `x-tollgate-cost-usd` (SPEC §11): a plain decimal with up to 8 decimals, `0` for free, and
- * null (header absent) when the cost is unknown. A non-zero cost too small for 8 decimals keeps
- * more rather than claiming to be free.
+ * `x-tollgate-cost-usd` (SPEC §11): a plain decimal with up to 10 decimals — the ledger's own
+ * precision (`roundUsd`), so the header is the figure the ledger, the spend views and a stream's
+ * closing comment hold — `0` for free, and null (header absent) when the cost is unknown. A
+ * non-zero cost too small for 10 decimals keeps more rather than claiming to be free.
  */
 export function formatUsdHeader(usd: number | null): string | null {
   if (usd === null || !Number.isFinite(usd)) return null;
   if (usd === 0) return '0';
-  const s = plain(usd, 8);
-  return s === '0' || s === '-0' ? plain(usd, 12) : s;
+  const s = plain(usd, 10);
+  return s === '0' || s === '-0' ? plain(usd, 14) : s;
 }
 
 /**

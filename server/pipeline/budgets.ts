@@ -5,7 +5,7 @@
 import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
 import { familyOf, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
-import { ratesAt } from '../../pricing/model-price.js';
+import { ratesAt, roundUsd } from '../../pricing/model-price.js';
 import { isToolRound, worstPromptTokens, type Plan } from './plan.js';
 
 interface MoneyView {
@@ -14,12 +14,13 @@ interface MoneyView {
   remaining_usd: number;
 }
 
-const round = (usd: number) => Math.round(usd * 1e8) / 1e8;
-
-/** What was spent (settled) and what remains once requests still in flight are reserved too. */
+/**
+ * What was spent (settled) and what remains once requests still in flight are reserved too, at
+ * the ledger's precision (as the spend views show them).
+ */
 function moneyView(limit: number | null, spent: number, reserved: number): MoneyView | null {
   if (limit === null) return null;
-  return { limit_usd: limit, spent_usd: round(spent), remaining_usd: round(Math.max(0, limit - spent - reserved)) };
+  return { limit_usd: limit, spent_usd: roundUsd(spent), remaining_usd: roundUsd(Math.max(0, limit - spent - reserved)) };
 }
 
 /**

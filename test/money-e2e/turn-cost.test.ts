@@ -3,7 +3,7 @@
 // cache-read price, else nothing — never a guess; local is free; a plan spends no money.
 
 import t from 'tap';
-import { ALICE, ADMIN, call, chat, listUsd, moneyWorld } from './money-fixture.js';
+import { ALICE, ADMIN, admission, call, chat, listUsd, moneyWorld } from './money-fixture.js';
 
 const ask = (model: string, extra: Record<string, unknown> = {}) => ({ model, messages: [{ role: 'user', content: 'Price this turn' }], max_tokens: 50, ...extra });
 
@@ -23,6 +23,33 @@ t.test('the provider figure (usage.cost) is the cost when the provider sends one
   t.equal(r.headers.get('x-tollgate-cost-usd'), '0.0123');
   const [row] = await ledgerRows(gw.url);
   t.equal(row.cost_usd, 0.0123);
+});
+
+t.test('one cost, one figure: the header, the closing comment, the ledger, the spend views and admission agree to the ledger\'s 10 decimals', async (t) => {
+  // $0.000123456789 needs more than 8 decimals: the ledger keeps 0.0001234568.
+  const { gw } = await moneyWorld(t, { metered: { providerCost: 0.000123456789, promptTokens: () => 1000, completionTokens: 8 } });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/precise/cap', ADMIN, { cap_usd: 1 })).status, 200);
+  const conv = { 'x-tollgate-conversation': 'precise' };
+  const r = await chat(gw, ALICE, ask('gpt-4o'), conv);
+  t.equal(r.status, 200);
+  t.equal(r.headers.get('x-tollgate-cost-usd'), '0.0001234568');
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ALICE}`, 'content-type': 'application/json', ...conv },
+    body: JSON.stringify(ask('gpt-4o', { stream: true })),
+  });
+  const trailer = JSON.parse(/^: tollgate (\{.*\})$/m.exec(await res.text())![1]) as { cost_usd: number };
+  t.equal(trailer.cost_usd, 0.0001234568);
+  t.same((await ledgerRows(gw.url)).map((row) => row.cost_usd), [0.0001234568, 0.0001234568]);
+  const spent = 0.0002469136;
+  t.equal((await call(gw.url, 'GET', '/v1/conversations/precise/spend', { authorization: `Bearer ${ALICE}` })).body.spent_usd, spent);
+  const month = (await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN)).body as { spent_usd: number; remaining_usd: number | null };
+  t.equal(month.spent_usd, spent);
+  const plan = await admission(gw, ALICE, ask('gpt-4o'), conv);
+  const budgets = (plan as unknown as { budgets: { conversation: { spent_usd: number; remaining_usd: number }; monthly: { spent_usd: number; remaining_usd: number } | null } }).budgets;
+  t.equal(budgets.conversation.spent_usd, spent, 'admission shows the spend the spend view shows');
+  t.equal(budgets.conversation.remaining_usd, 1 - spent);
+  if (budgets.monthly) t.same(budgets.monthly, { ...budgets.monthly, spent_usd: month.spent_usd, remaining_usd: month.remaining_usd });
 });
 
 t.test('a provider figure no turn could cost (1e308) is no measurement: list price, and the month stays a number', async (t) => {

@@ -60,8 +60,10 @@ t.test('x-tollgate-cost-usd formatting', async (t) => {
   t.equal(formatUsdHeader(0.022), '0.022');
   t.equal(formatUsdHeader(11.875), '11.875');
   t.equal(formatUsdHeader(2), '2');
-  t.equal(formatUsdHeader(0.000000123456), '0.00000012', 'no exponent');
+  t.equal(formatUsdHeader(0.000000123456), '0.0000001235', "no exponent, the ledger's 10 decimals");
+  t.equal(formatUsdHeader(0.000008875), '0.000008875', 'a cached-read price needs 9 decimals');
   t.equal(formatUsdHeader(0.1 + 0.2), '0.3', 'float dust trimmed');
-  t.equal(formatUsdHeader(2e-10), '0.0000000002', 'non-zero never shown as free');
+  t.equal(formatUsdHeader(2e-10), '0.0000000002');
+  t.equal(formatUsdHeader(2e-12), '0.000000000002', 'non-zero never shown as free');
   t.equal(formatUsdText(2), '$2.00');
 });
