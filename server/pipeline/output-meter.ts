@@ -139,24 +139,34 @@ export class OutputMeter {
   }
 }
 
-/** Text a streamed choice delta carries (content, a completion's text, or tool-call arguments). */
+/** Text a streamed choice delta carries (a completion's text, or what its delta wrote). */
 export function deltaText(choice: Record<string, unknown>): string {
-  let text = '';
-  if (typeof choice.text === 'string') text += choice.text;
+  const text = typeof choice.text === 'string' ? choice.text : '';
   const delta = choice.delta;
-  if (delta && typeof delta === 'object') {
-    const d = delta as Record<string, unknown>;
-    if (typeof d.content === 'string') text += d.content;
-    if (typeof d.reasoning_content === 'string') text += d.reasoning_content;
-    if (Array.isArray(d.tool_calls)) {
-      for (const call of d.tool_calls as unknown[]) {
-        // An upstream's malformed entry (null, a string) carries no text to count.
-        if (call === null || typeof call !== 'object') continue;
-        const fn = (call as Record<string, unknown>).function as Record<string, unknown> | null | undefined;
-        if (typeof fn?.name === 'string') text += fn.name;
-        if (typeof fn?.arguments === 'string') text += fn.arguments;
-      }
-    }
+  return delta && typeof delta === 'object' ? text + writtenText(delta as Record<string, unknown>) : text;
+}
+
+/**
+ * What the model wrote in a message or a delta: its content, its reasoning (`reasoning_content`:
+ * DeepSeek, llama.cpp; `reasoning`: OpenRouter, Groq, vLLM — reasoning tokens are output tokens,
+ * SPEC §7; one text when a server sends it under both names), a refusal, and its tool calls, the
+ * legacy `function_call` included (SPEC §4: generated output counts the tool calls written).
+ */
+export function writtenText(part: Record<string, unknown>): string {
+  let text = typeof part.content === 'string' ? part.content : '';
+  const { reasoning_content: reasoningContent, reasoning } = part;
+  if (typeof reasoningContent === 'string') text += reasoningContent;
+  if (typeof reasoning === 'string' && reasoning !== reasoningContent) text += reasoning;
+  if (typeof part.refusal === 'string') text += part.refusal;
+  if (Array.isArray(part.tool_calls)) {
+    // An upstream's malformed entry (null, a string) carries no text to count.
+    for (const call of part.tool_calls as unknown[]) if (call !== null && typeof call === 'object') text += callText((call as Record<string, unknown>).function);
   }
-  return text;
+  return text + callText(part.function_call);
+}
+
+function callText(fn: unknown): string {
+  if (fn === null || typeof fn !== 'object') return '';
+  const { name, arguments: args } = fn as Record<string, unknown>;
+  return (typeof name === 'string' ? name : '') + (typeof args === 'string' ? args : '');
 }

@@ -6,6 +6,7 @@ import type { Dispatcher } from 'undici';
 import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
 import { GatewayError, quotingUpstream } from '../errors.js';
 import type { Plan } from './plan.js';
+import { writtenText } from './output-meter.js';
 
 type Json = Record<string, unknown>;
 
@@ -21,7 +22,7 @@ export interface JsonOutcome {
   raw: string | null;
   usage: Json | null;
   timings: Json | null;
-  /** Generated text per choice (content + tool-call names and arguments), to count when usage can't be trusted. */
+  /** Generated text per choice (output-meter.ts `writtenText`), to count when usage can't be trusted. */
   texts: string[];
   toolsProposed: boolean;
   empty: boolean;
@@ -46,20 +47,8 @@ export async function readText(body: Dispatcher.ResponseData['body'], limit = MA
 }
 
 function choiceText(choice: Json): string {
-  let text = typeof choice.text === 'string' ? choice.text : '';
-  const message = choice.message;
-  if (isObject(message)) {
-    if (typeof message.content === 'string') text += message.content;
-    if (typeof message.reasoning_content === 'string') text += message.reasoning_content;
-    if (Array.isArray(message.tool_calls)) {
-      for (const call of message.tool_calls) {
-        const fn = isObject(call) && isObject(call.function) ? call.function : null;
-        if (fn && typeof fn.name === 'string') text += fn.name;
-        if (fn && typeof fn.arguments === 'string') text += fn.arguments;
-      }
-    }
-  }
-  return text;
+  const text = typeof choice.text === 'string' ? choice.text : '';
+  return isObject(choice.message) ? text + writtenText(choice.message) : text;
 }
 
 export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): Promise<JsonOutcome> {

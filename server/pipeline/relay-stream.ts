@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { SseEventTooLarge, SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
-import { OutputMeter, deltaText } from './output-meter.js';
+import { OutputMeter, deltaText, writtenText } from './output-meter.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
 import type { Plan } from './plan.js';
@@ -130,8 +130,18 @@ export async function relayStream(
     return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
   };
 
+  /** The stream's id, model and created have been taken from a chunk that carries a real id. */
+  let metaTaken = false;
+
   const handle = (event: SseEvent): boolean => {
-    if (event.data === null) return true; // upstream comments are not passed on
+    if (event.data === null) {
+      // An upstream's comment — a keep-alive while a provider queues (`: OPENROUTER PROCESSING`) —
+      // goes on as it came, so that the client's and its proxies' idle timers see the stream alive.
+      // Not in a final turn (whose head waits for its text), and not another Tollgate's closing
+      // figures: the client reads this gateway's.
+      if (filter === null && event.raw.startsWith(':') && !event.raw.startsWith(': tollgate ')) write(`${event.raw}\n\n`);
+      return true;
+    }
     if (event.data.trim() === '[DONE]') {
       done = true;
       return false;
@@ -140,9 +150,12 @@ export async function relayStream(
       out.upstreamError = errorOf(event.data);
       return false;
     }
+    // An event written as one `data: ` line can be passed on as it came; one whose data came in
+    // several lines (valid SSE) is written again as one, since its text holds their line ends.
+    const oneLine = event.raw.length === event.data.length + 6;
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
-    const plain = filter === null && out.meta.id !== undefined && !finished.has(0) ? contentChunk(event.data) : null;
+    const plain = filter === null && metaTaken && oneLine && !finished.has(0) ? contentChunk(event.data) : null;
     if (plain !== null) {
       if (meter.add(0, plain.text)) {
         if (plain.text.trim() !== '') out.visibleText = true;
@@ -170,8 +183,13 @@ export async function relayStream(
       return false;
     }
     const { usage, timings, choices } = chunk;
-    // id, object, created and model are the stream's, the same in every chunk: taken once.
-    if (out.meta.id === undefined) out.meta = { id: chunk.id, object: chunk.object, created: chunk.created, model: chunk.model };
+    // id, object, created and model are the stream's, the same in every chunk: taken once, from a
+    // chunk with an id (Azure's first chunk, its prompt filter results, has an empty one: chunks the
+    // gateway writes with it would not be merged into the answer by the SDKs).
+    if (!metaTaken) {
+      out.meta = { id: chunk.id, object: chunk.object, created: chunk.created, model: chunk.model };
+      metaTaken = typeof chunk.id === 'string' && chunk.id !== '';
+    }
     if (isObject(usage)) out.usage = usage;
     if (isObject(timings)) out.timings = timings;
     if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
@@ -179,7 +197,7 @@ export async function relayStream(
     const kept: Json[] = [];
     // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
     // as it came only to a client that asked too.
-    let untouched = !filter && (usage === undefined || (usage === null && plan.valid.includeUsage)) && timings === undefined;
+    let untouched = oneLine && !filter && (usage === undefined || (usage === null && plan.valid.includeUsage)) && timings === undefined;
     let visible = false;
     for (const raw of choices) {
       if (!isObject(raw)) {
@@ -187,7 +205,8 @@ export async function relayStream(
         continue;
       }
       const index = typeof raw.index === 'number' ? raw.index : 0;
-      if (finished.has(index)) {
+      // A choice the request did not ask for (an index past n) has no allowance: not passed on.
+      if (finished.has(index) || index < 0 || index >= choicesExpected) {
         untouched = false;
         continue;
       }
@@ -340,5 +359,5 @@ function plainText(choice: Json | null): boolean {
   if (choice === null) return true;
   if (typeof choice.text === 'string') return true;
   const d = choice.delta;
-  return isObject(d) && typeof d.content === 'string' && d.tool_calls == null && d.reasoning_content == null;
+  return isObject(d) && typeof d.content === 'string' && writtenText(d) === d.content;
 }

@@ -49,15 +49,22 @@ function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
  * and choice 0 only for prompt arrays and n > 1 (fixtures/llamacpp: v1-completions-prompt-array,
  * p2-chat-n2), so there the gateway's own count stands.
  */
-function trustedCompletionTokens(plan: Plan, f: UpstreamFigures): number | null {
-  if (f.completionTokens === null) return null;
+function trustedCompletionTokens(plan: Plan, usage: Json | null): number | null {
+  const completion = num(usage?.completion_tokens);
+  if (completion === null) return null;
   if (plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1)) return null;
-  return f.completionTokens;
+  // Reasoning tokens are output tokens (SPEC §7). OpenAI counts them inside `completion_tokens`;
+  // a provider that counts them beside it (xAI) shows it in its total: prompt + completion +
+  // reasoning. Then they are added.
+  const reasoning = num((usage?.completion_tokens_details as Json | undefined)?.reasoning_tokens);
+  const prompt = num(usage?.prompt_tokens);
+  if (reasoning !== null && reasoning > 0 && prompt !== null && num(usage?.total_tokens) === prompt + completion + reasoning) return completion + reasoning;
+  return completion;
 }
 
 /** Whether settlement will take the provider's completion count (so the gateway need not count). */
 export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
-  return trustedCompletionTokens(plan, figures(usage, null)) !== null;
+  return trustedCompletionTokens(plan, usage) !== null;
 }
 
 /**
@@ -89,7 +96,7 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
 
 export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
   const f = figures(o.usage, o.timings);
-  const trusted = o.refundAll ? null : trustedCompletionTokens(plan, f);
+  const trusted = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
   const rawGenerated = o.refundAll ? 0 : (trusted ?? o.countedOutput);
   const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included

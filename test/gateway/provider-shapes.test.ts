@@ -1,0 +1,183 @@
+// What providers other than OpenAI write, metered and relayed as faithfully as OpenAI's own shapes
+// (SPEC §2.6, §4, §7): reasoning under `reasoning` (OpenRouter, Groq, vLLM), refusals, legacy
+// `function_call` deltas, reasoning counted beside `completion_tokens` (xAI), data split over
+// several `data:` lines, Azure's id-less first chunk, keep-alive comments, and choices past `n`.
+// The upstream is a scripted HTTP server: each test writes its bytes as a provider would.
+
+import t, { type Test } from 'tap';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import OpenAI from 'openai';
+import { startGateway, openaiUpstream, type TestGateway } from '../helpers/gateway.js';
+import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
+import type { LedgerRow } from '../../metering/ledger.js';
+
+type Json = Record<string, unknown>;
+/** What the scripted upstream writes for the request it got: its pieces, a few ms apart. */
+type Script = (body: Json) => { stream: boolean; pieces: string[] };
+
+const o200k = new TiktokenCounter('o200k_base');
+const ID = { id: 'chatcmpl-abc', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini' };
+const chunk = (delta: Json, extra: Json = {}, index = 0) => `data: ${JSON.stringify({ ...ID, choices: [{ index, delta, finish_reason: null }], ...extra })}\n\n`;
+const finish = (reason = 'stop', index = 0) => `data: ${JSON.stringify({ ...ID, choices: [{ index, delta: {}, finish_reason: reason }] })}\n\n`;
+const DONE = 'data: [DONE]\n\n';
+
+async function scripted(t: Test, script: Script): Promise<{ gw: TestGateway; sent: Json[] }> {
+  const sent: Json[] = [];
+  const server: Server = createServer((req, res) => {
+    let text = '';
+    req.on('data', (c: Buffer) => (text += c.toString()));
+    req.on('end', async () => {
+      const body = JSON.parse(text) as Json;
+      sent.push(body);
+      const { stream, pieces } = script(body);
+      res.writeHead(200, { 'content-type': stream ? 'text/event-stream' : 'application/json' });
+      for (const piece of pieces) {
+        if (res.destroyed) return;
+        res.write(piece);
+        await new Promise((r) => setTimeout(r, 2));
+      }
+      res.end();
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
+  return { gw, sent };
+}
+
+async function rows(gw: TestGateway): Promise<LedgerRow[]> {
+  const out: LedgerRow[] = [];
+  for await (const r of gw.ledger.exportRows(null, null)) out.push(r);
+  return out;
+}
+
+async function post(gw: TestGateway, body: Json): Promise<{ text: string; headers: Headers }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  return { text: await res.text(), headers: res.headers };
+}
+
+/** The data events of a stream, parsed (each must be one `data: ` line of JSON, or [DONE]). */
+function dataEvents(t: Test, text: string): Json[] {
+  const events: Json[] = [];
+  for (const event of text.split('\n\n')) {
+    if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+    t.notOk(event.includes('\n'), 'a data event is one line');
+    events.push(JSON.parse(event.slice(6)) as Json);
+  }
+  return events;
+}
+
+const ask = (extra: Json = {}) => ({ model: 'gpt-4o-mini', messages: [{ role: 'user' as const, content: 'Think first.' }], max_tokens: 20, ...extra });
+
+for (const field of ['reasoning', 'refusal'] as const) {
+  t.test(`a stream of \`${field}\` deltas is metered: cut at the allowance, every token counted`, async (t) => {
+    const { gw } = await scripted(t, () => ({ stream: true, pieces: [...Array.from({ length: 200 }, () => chunk({ [field]: ' lorem' })), finish(), DONE] }));
+    const { text } = await post(gw, ask({ stream: true }));
+    const events = dataEvents(t, text);
+    const written = events.map((e) => ((e.choices as Json[])[0]?.delta as Json | undefined)?.[field] ?? '').join('');
+    t.equal(o200k.countOutput(written as string), 20, 'no more than the allowance reached the client');
+    t.equal((events.at(-1)!.choices as Json[])[0]!.finish_reason, 'length', 'ended by the gateway');
+    const [row] = await rows(gw);
+    t.match(row, { generated_tokens: 20, output_method: 'tiktoken:o200k_base' });
+  });
+}
+
+t.test('legacy `function_call` deltas are metered like tool calls', async (t) => {
+  const { gw } = await scripted(t, () => ({
+    stream: true,
+    pieces: [chunk({ role: 'assistant', function_call: { name: 'lookup', arguments: '' } }), ...Array.from({ length: 100 }, () => chunk({ function_call: { arguments: ' lorem' } })), finish('function_call'), DONE],
+  }));
+  const { text } = await post(gw, ask({ stream: true, functions: [{ name: 'lookup', parameters: { type: 'object', properties: {} } }] }));
+  const events = dataEvents(t, text);
+  t.equal((events.at(-1)!.choices as Json[])[0]!.finish_reason, 'length');
+  const [row] = await rows(gw);
+  t.equal(row.generated_tokens, 20);
+});
+
+t.test('a non-streamed answer without usage counts its reasoning, refusal and function call', async (t) => {
+  const message = { role: 'assistant', content: 'Yes.', reasoning: ' lorem lorem lorem', refusal: ' ipsum ipsum', function_call: { name: 'lookup', arguments: '{"q":"x"}' } };
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify({ ...ID, object: 'chat.completion', choices: [{ index: 0, message, finish_reason: 'stop' }] })] }));
+  await post(gw, ask({ max_tokens: 50 }));
+  const [row] = await rows(gw);
+  t.equal(row.generated_tokens, o200k.countOutput('Yes. lorem lorem lorem ipsum ipsumlookup{"q":"x"}'));
+  t.equal(row.output_method, 'tiktoken:o200k_base');
+});
+
+t.test('reasoning a provider reports beside completion_tokens (its total says so) is output, charged', async (t) => {
+  const usage = (reasoning: number, total: number) => ({ prompt_tokens: 12, completion_tokens: 5, total_tokens: total, completion_tokens_details: { reasoning_tokens: reasoning } });
+  let answer = usage(30, 47);
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify({ ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'a b c d e' }, finish_reason: 'stop' }], usage: answer })] }));
+  const first = await post(gw, ask({ max_tokens: 50 }));
+  // OpenAI's way: reasoning inside completion_tokens (total = prompt + completion) — taken as is.
+  answer = usage(3, 17);
+  const second = await post(gw, ask({ max_tokens: 50 }));
+  const [a, b] = await rows(gw);
+  t.match(a, { generated_tokens: 35, output_method: 'provider' }, 'xAI: 5 + 30');
+  t.match(b, { generated_tokens: 5, output_method: 'provider' }, 'OpenAI: 5, its 3 reasoning tokens among them');
+  t.equal(Number(first.headers.get('x-tollgate-refund-tokens')), 15);
+  t.equal(Number(second.headers.get('x-tollgate-refund-tokens')), 45);
+});
+
+t.test('data split over several `data:` lines reaches the SDK as valid events', async (t) => {
+  const split = (delta: Json, reason: string | null = null) => {
+    const json = JSON.stringify({ ...ID, choices: [{ index: 0, delta, finish_reason: reason }] }, null, 1);
+    return `${json.split('\n').map((line) => `data: ${line}`).join('\n')}\n\n`;
+  };
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [split({ role: 'assistant', content: '' }), split({ content: 'Hello' }), split({ content: ' there' }), split({}, 'stop'), DONE] }));
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const final = await client.chat.completions.stream(ask()).finalChatCompletion();
+  t.equal(final.choices[0]!.message.content, 'Hello there');
+  const [row] = await rows(gw);
+  t.equal(row.generated_tokens, 2);
+});
+
+t.test("Azure's first chunk (prompt filter results, an empty id) does not become the stream's id", async (t) => {
+  const azureFirst = `data: ${JSON.stringify({ choices: [], created: 0, id: '', model: '', object: '', prompt_filter_results: [{ prompt_index: 0, content_filter_results: {} }] })}\n\n`;
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [azureFirst, chunk({ role: 'assistant', content: '' }), ...Array.from({ length: 40 }, () => chunk({ content: ' lorem' })), finish(), DONE] }));
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const final = await client.chat.completions.stream({ ...ask(), stream_options: { include_usage: true } }).finalChatCompletion();
+  t.equal(final.id, ID.id);
+  t.equal(final.choices[0]!.finish_reason, 'length', 'cut at the allowance by the gateway');
+  t.match(final.usage, { completion_tokens: 20 }, "the gateway's usage chunk is merged into the answer");
+});
+
+t.test("an upstream's keep-alive comments go on at once; another Tollgate's closing figures do not", async (t) => {
+  let release: () => void = () => {};
+  const held = new Promise<void>((r) => (release = r));
+  const server: Server = createServer((req, res) => {
+    req.resume();
+    req.on('end', async () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(': OPENROUTER PROCESSING\n\n');
+      await held;
+      res.end(`${chunk({ content: 'Hi' })}: tollgate {"charge_tokens":1}\n\n${finish()}${DONE}`);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask({ stream: true })) });
+  t.equal(res.status, 200, 'the head came while the provider was still queueing');
+  const reader = res.body!.getReader();
+  const first = new TextDecoder().decode((await reader.read()).value);
+  t.equal(first, ': OPENROUTER PROCESSING\n\n', 'its comment, as it came');
+  release();
+  let rest = '';
+  for (let r = await reader.read(); !r.done; r = await reader.read()) rest += new TextDecoder().decode(r.value);
+  t.equal(rest.match(/^: tollgate /gm)?.length, 1, "one closing comment: this gateway's");
+  t.notMatch(rest, /"charge_tokens":1\}/);
+});
+
+t.test('a choice past n has no allowance: not passed on, not charged', async (t) => {
+  const { gw } = await scripted(t, () => ({
+    stream: true,
+    pieces: [chunk({ content: 'one' }), chunk({ content: 'two' }, {}, 1), chunk({ content: ' more' }), finish('stop', 1), finish(), DONE],
+  }));
+  const { text } = await post(gw, ask({ stream: true }));
+  const indexes = dataEvents(t, text).flatMap((e) => (e.choices as Json[]).map((c) => c.index));
+  t.same([...new Set(indexes)], [0], 'choice 0 only');
+  t.notMatch(text, /"two"/);
+  const [row] = await rows(gw);
+  t.equal(row.generated_tokens, 2);
+});
