@@ -128,6 +128,21 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // exactly those (a JSON array as text, as on SQLite; ADR 0018). Rows written before have none.
     sql: `ALTER TABLE ledger_rows ADD COLUMN grandparents text;`,
   },
+  {
+    version: 4,
+    // Token counts as wide as SQLite's integers: an allowance is max_tokens × n × rows, and with
+    // no context window to bound it (nor a run budget) a reservation can pass 2^31 — a 500 on
+    // PostgreSQL where SQLite admitted it. The upstream's own figures likewise.
+    sql: `ALTER TABLE ledger_rows
+  ALTER COLUMN prompt_tokens TYPE bigint, ALTER COLUMN shared_prefix_tokens TYPE bigint,
+  ALTER COLUMN prompt_charge TYPE bigint, ALTER COLUMN allowance TYPE bigint,
+  ALTER COLUMN reserved_tokens TYPE bigint, ALTER COLUMN generated_tokens TYPE bigint,
+  ALTER COLUMN charge_tokens TYPE bigint, ALTER COLUMN refund_tokens TYPE bigint,
+  ALTER COLUMN upstream_prompt_tokens TYPE bigint, ALTER COLUMN upstream_completion_tokens TYPE bigint,
+  ALTER COLUMN upstream_cached_tokens TYPE bigint, ALTER COLUMN upstream_prompt_n TYPE bigint,
+  ALTER COLUMN upstream_cache_n TYPE bigint;
+ALTER TABLE heads ALTER COLUMN last_prompt_tokens TYPE bigint, ALTER COLUMN last_output_tokens TYPE bigint;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

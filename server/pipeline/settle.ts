@@ -32,15 +32,17 @@ export interface Settled {
 }
 
 const num = (v: unknown): number | null => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+/** A token count an upstream reports: a whole number, not negative; anything else is no count. */
+const tokenFigure = (v: unknown): number | null => (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 ? v : null);
 
 function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
   const details = usage?.prompt_tokens_details as Json | undefined;
   return {
-    promptTokens: num(usage?.prompt_tokens),
-    completionTokens: num(usage?.completion_tokens),
-    cachedTokens: num(details?.cached_tokens),
-    promptN: num(timings?.prompt_n),
-    cacheN: num(timings?.cache_n),
+    promptTokens: tokenFigure(usage?.prompt_tokens),
+    completionTokens: tokenFigure(usage?.completion_tokens),
+    cachedTokens: tokenFigure(details?.cached_tokens),
+    promptN: tokenFigure(timings?.prompt_n),
+    cacheN: tokenFigure(timings?.cache_n),
   };
 }
 
@@ -50,15 +52,15 @@ function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
  * p2-chat-n2), so there the gateway's own count stands.
  */
 function trustedCompletionTokens(plan: Plan, usage: Json | null): number | null {
-  const completion = num(usage?.completion_tokens);
+  const completion = tokenFigure(usage?.completion_tokens);
   if (completion === null) return null;
   if (plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1)) return null;
   // Reasoning tokens are output tokens (SPEC §7). OpenAI counts them inside `completion_tokens`;
   // a provider that counts them beside it (xAI) shows it in its total: prompt + completion +
   // reasoning. Then they are added.
-  const reasoning = num((usage?.completion_tokens_details as Json | undefined)?.reasoning_tokens);
-  const prompt = num(usage?.prompt_tokens);
-  if (reasoning !== null && reasoning > 0 && prompt !== null && num(usage?.total_tokens) === prompt + completion + reasoning) return completion + reasoning;
+  const reasoning = tokenFigure((usage?.completion_tokens_details as Json | undefined)?.reasoning_tokens);
+  const prompt = tokenFigure(usage?.prompt_tokens);
+  if (reasoning !== null && reasoning > 0 && prompt !== null && tokenFigure(usage?.total_tokens) === prompt + completion + reasoning) return completion + reasoning;
   return completion;
 }
 

@@ -222,3 +222,20 @@ t.test("a legacy completions request's best_of is reserved whole: the upstream g
   t.match(await fewer.json(), { error: { param: 'best_of', message: /^best_of: must be at least n \(2\)/ } });
   t.equal(upstream.requests.length, 2, 'the refused one reached no model');
 });
+
+t.test('a reservation past 2^31 tokens, and upstream figures no integer column holds, settle on every store', async (t) => {
+  // No context window and no run budget bound the allowance: max_tokens × n is 4,000,000,000.
+  let reported = 1e12;
+  const upstream = await startOpenAiDouble({ completionTokens: 3, promptTokens: () => reported });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: undefined, billing: 'local' })], runs: { tokenBudget: null } });
+  const post = client(gw.url);
+  const big = await post({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say three words.' }], max_tokens: 2_000_000_000, n: 2 });
+  t.equal(big.status, 200, big.text);
+  t.equal(big.reserved - big.charge + 6, 4_000_000_000, 'the whole allowance reserved, all but the 6 generated refunded');
+  reported = 12.5;
+  const odd = await post({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say three words.' }], max_tokens: 10 });
+  t.equal(odd.status, 200, odd.text);
+  const rows = await ledgerRows(gw);
+  t.same(rows.map((r) => [r.state, r.upstream_prompt_tokens]), [['settled', 1e12], ['settled', null]], 'a count that is no whole number is not recorded as one');
+});
