@@ -58,7 +58,12 @@ function timeParam(v: unknown, name: string): number | null {
   if (v === undefined || v === '') return null;
   const bad = () => new GatewayError('invalid_request', `${name}: must be one ISO 8601 time (2026-11-01 or 2026-11-01T12:00:00Z) or epoch milliseconds`, {}, name);
   if (typeof v !== 'string') throw bad();
-  if (/^\d+$/.test(v)) return Number(v);
+  if (/^\d+$/.test(v)) {
+    // Epoch milliseconds within the times a Date can hold (±8.64e15), as every store can compare.
+    const ms = Number(v);
+    if (ms > MAX_TIME_MS) throw bad();
+    return ms;
+  }
   const m = ISO_TIME.exec(v);
   const ms = Date.parse(m && m[4] !== undefined && m[7] === undefined ? `${v}Z` : v);
   if (!m || !Number.isFinite(ms)) throw bad();
@@ -69,7 +74,15 @@ function timeParam(v: unknown, name: string): number | null {
   return ms;
 }
 
+/**
+ * Control characters: never in an id the gateway made or took (ids that break a rule they were
+ * made by are not found without asking the store — PostgreSQL cannot even hold a NUL), nor in a
+ * key's name.
+ */
+const CONTROL = /[\u0000-\u001f\u007f]/;
+
 const EXPORT_YIELD_ROWS = 1000;
+const MAX_TIME_MS = 8.64e15;
 
 const route: FastifyPluginAsync = async (app) => {
   // Every route of this plugin (it is encapsulated: the hook holds for these routes alone) needs the
@@ -93,7 +106,7 @@ const route: FastifyPluginAsync = async (app) => {
   app.put<{ Params: { id: string } }>('/admin/tenants/:id/budget', async (request) => {
     const b = body(request.body, ['monthly_budget_usd']);
     const budget = usdOrNull(b, 'monthly_budget_usd', true) ?? null;
-    if (!(await ledger().setTenantBudget(request.params.id, budget))) {
+    if (!TENANT_ID.test(request.params.id) || !(await ledger().setTenantBudget(request.params.id, budget))) {
       throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
     }
     return { id: request.params.id, monthly_budget_usd: budget };
@@ -104,6 +117,9 @@ const route: FastifyPluginAsync = async (app) => {
     const tenant = id(b, 'tenant');
     if (b.name !== undefined && b.name !== null && typeof b.name !== 'string') {
       throw new GatewayError('invalid_request', 'name: must be a string (or null)', {}, 'name');
+    }
+    if (typeof b.name === 'string' && CONTROL.test(b.name)) {
+      throw new GatewayError('invalid_request', 'name: must not contain control characters', {}, 'name');
     }
     const name = typeof b.name === 'string' ? b.name.slice(0, 200) : null;
     if (!(await ledger().getTenant(tenant))) await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: null });
@@ -116,7 +132,7 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.delete<{ Params: { id: string } }>('/admin/keys/:id', async (request) => {
-    if (!(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
+    if (CONTROL.test(request.params.id) || !(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
     return { id: request.params.id, deleted: true };
   });
 
@@ -132,13 +148,13 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.get<{ Params: { id: string } }>('/admin/conversations/:id/spend', async (request) => {
-    const s = await ledger().conversationSpend(request.params.id);
+    const s = isConversationId(request.params.id) ? await ledger().conversationSpend(request.params.id) : null;
     if (!s) throw new GatewayError('not_found', `no conversation "${request.params.id}"`);
     return { ...spendView(s), tenant: s.tenant || null, parent: s.parent };
   });
 
   app.get<{ Params: { id: string }; Querystring: { month?: string } }>('/admin/tenants/:id/spend', async (request) => {
-    const tenant = await ledger().getTenant(request.params.id);
+    const tenant = TENANT_ID.test(request.params.id) ? await ledger().getTenant(request.params.id) : null;
     if (!tenant) throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
     const month = request.query.month ?? monthOf(app.gateway.clock());
     if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw new GatewayError('invalid_request', 'month: must be YYYY-MM', {}, 'month');
@@ -157,20 +173,36 @@ const route: FastifyPluginAsync = async (app) => {
   app.get<{ Querystring: { since?: string; until?: string } }>('/admin/ledger', async (request, reply) => {
     const since = timeParam(request.query.since, 'since');
     const until = timeParam(request.query.until, 'until');
+    const rows = ledger().exportRows(since, until)[Symbol.asyncIterator]();
+    // The first page is read before the head is written: a store that fails at once is answered
+    // as any error is (a 500 in the envelope), not with a 200 that never ends.
+    let next = await rows.next();
     reply.hijack();
     const raw = reply.raw;
     raw.writeHead(200, { 'content-type': 'application/x-ndjson; charset=utf-8' });
+    // A client that leaves ends the export (else a full socket would wait on a 'drain' for ever).
+    const gone = new Promise<void>((r) => raw.once('close', r));
     let sinceYield = 0;
-    for await (const row of ledger().exportRows(since, until)) {
-      if (!raw.write(`${JSON.stringify(row)}\n`)) await new Promise((r) => raw.once('drain', r));
-      // A socket that takes every write never makes the loop wait: every 1,000 rows the event
-      // loop gets a turn, or a large export would hold up every other request until it ended.
-      if (++sinceYield === EXPORT_YIELD_ROWS) {
-        sinceYield = 0;
-        await new Promise((r) => setImmediate(r));
+    try {
+      while (!next.done && !raw.destroyed) {
+        if (!raw.write(`${JSON.stringify(next.value)}\n`)) await Promise.race([new Promise((r) => raw.once('drain', r)), gone]);
+        // A socket that takes every write never makes the loop wait: every 1,000 rows the event
+        // loop gets a turn, or a large export would hold up every other request until it ended.
+        if (++sinceYield === EXPORT_YIELD_ROWS) {
+          sinceYield = 0;
+          await new Promise((r) => setImmediate(r));
+        }
+        next = await rows.next();
       }
+      raw.end();
+    } catch (err) {
+      // The head has gone: the export is cut off (the client sees a body that did not end), never
+      // passed off as whole.
+      request.log.error({ err }, 'the ledger export failed part way');
+      raw.destroy();
+    } finally {
+      if (!next.done) await rows.return?.();
     }
-    raw.end();
   });
 };
 

@@ -6,6 +6,7 @@ import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import type { ConversationSpend } from '../metering/ledger.js';
 import { roundUsd } from '../pricing/model-price.js';
+import { isConversationId } from '../server/pipeline/plan.js';
 
 /** A conversation's spend as the API shows it: sums of many turns, rounded like each turn (1e-10 USD). */
 export function spendView(s: ConversationSpend) {
@@ -26,7 +27,8 @@ export function spendView(s: ConversationSpend) {
 
 const route: FastifyPluginAsync = async (app) => {
   app.get<{ Params: { id: string } }>('/v1/conversations/:id/spend', { preHandler: requireClient }, async (request) => {
-    const spend = await app.gateway.ledger.conversationSpend(request.params.id);
+    // An id no client could have sent (server/pipeline/plan.ts) names no conversation.
+    const spend = isConversationId(request.params.id) ? await app.gateway.ledger.conversationSpend(request.params.id) : null;
     if (!spend || spend.tenant !== request.principal!.tenant) {
       throw new GatewayError('not_found', `no conversation "${request.params.id}" for this key`);
     }

@@ -124,10 +124,11 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
   t.equal(bad.status, 400);
   t.match(bad.body, { error: { param: 'since' } });
   // Nor is what Date.parse would guess at ("-5" is May 2001), a day past its month's end, or two values.
-  for (const q of ['since=-5', 'since=1.5', 'since=x%202026', 'until=2026-02-31', 'since=1&since=2']) {
+  for (const q of ['since=-5', 'since=1.5', 'since=x%202026', 'until=2026-02-31', 'since=1&since=2', 'since=99999999999999999999', 'until=9223372036854775808', 'until=8640000000000001']) {
     const r = await call(gw.url, 'GET', `/admin/ledger?${q}`, ADMIN);
     t.equal(r.status, 400, `${q}: 400`);
   }
+  t.equal((await call(gw.url, 'GET', '/admin/ledger?until=8640000000000000', ADMIN)).status, 200, 'the last time a Date holds is one');
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01', ADMIN)).status, 200, 'a date alone is a time');
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01T12:00:00.5%2B01:00', ADMIN)).status, 200, 'so is one with a fraction and a zone');
   // And an operator can cap only a conversation id a client can send; a month is a month.
@@ -215,4 +216,40 @@ t.test('the operator API cannot be reached around its token: a percent-encoded p
   t.match(raw, /^HTTP\/1\.1 401 /, 'absolute form without a token');
   const spend = await call(gw.url, 'GET', '/admin/tenants/alice/spend', { authorization: `Bearer ${ADMIN}` });
   t.not((spend.body as { monthly_budget_usd: unknown }).monthly_budget_usd, null, "alice's budget is still there");
+});
+
+t.test('an id no record can have (a NUL, a broken rule) is not found on every store; a key name with control characters is a 400', async (t) => {
+  const { gw } = await moneyWorld(t);
+  for (const [method, path, body] of [
+    ['GET', '/v1/conversations/%00/spend', undefined],
+    ['GET', '/admin/conversations/%00/spend', undefined],
+    ['GET', '/admin/tenants/%00/spend', undefined],
+    ['PUT', '/admin/tenants/%00/budget', { monthly_budget_usd: 1 }],
+    ['DELETE', '/admin/keys/%00', undefined],
+  ] as const) {
+    const r = await call(gw.url, method, path, method === 'GET' && path.startsWith('/v1') ? { authorization: `Bearer ${ALICE}` } : ADMIN, body);
+    t.equal(r.status, 404, `${method} ${path}`);
+  }
+  const named = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'alice', name: 'a\u0000b' });
+  t.equal(named.status, 400);
+  t.match(named.body, { error: { param: 'name' } });
+});
+
+t.test('a ledger export that fails part way is cut off, not passed off as whole; one that fails at once is a 500', async (t) => {
+  const { gw } = await moneyWorld(t);
+  t.equal((await chat(gw, ALICE, ask)).status, 200);
+  const exportRows = gw.ledger.exportRows.bind(gw.ledger);
+  let failAfter = 1;
+  gw.ledger.exportRows = async function* (since, until) {
+    let n = 0;
+    for await (const row of exportRows(since, until)) {
+      if (n++ === failAfter) break;
+      yield row;
+    }
+    throw new Error('the store went away');
+  };
+  const outcome = await fetch(`${gw.url}/admin/ledger`, { headers: ADMIN }).then((r) => r.text()).then(() => 'whole', () => 'cut off');
+  t.equal(outcome, 'cut off', 'the export does not end as a whole one');
+  failAfter = 0;
+  t.equal((await call(gw.url, 'GET', '/admin/ledger', ADMIN)).status, 500);
 });
