@@ -39,9 +39,10 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
   // The parent the conversation already has holds, whatever the request names. Rows made here are
   // only kept if the request is admitted.
   const starts = named === null ? [r.conversation] : [r.conversation, named];
-  const links = await c.query<{ id: string; parent: string | null }>(
+  const links = await c.query<{ id: string; parent: string | null; made: boolean }>(
     `WITH RECURSIVE conv AS (
        INSERT INTO conversations (id, tenant) SELECT id, $2 FROM unnest($1::text[]) AS id ON CONFLICT (id) DO NOTHING
+       RETURNING id
      ), run AS (
        INSERT INTO runs (id, conversation, started_at, budget_tokens) VALUES ($3, $4, $5, $6) ON CONFLICT (id) DO NOTHING
      ), mon AS (
@@ -51,11 +52,15 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
        UNION ALL
        SELECT c.id, c.parent, up.depth + 1 FROM conversations c JOIN up ON c.id = up.parent WHERE up.depth < $8
      )
-     SELECT DISTINCT id, parent FROM up`,
+     SELECT id, parent, false AS made FROM (SELECT DISTINCT id, parent FROM up) AS read
+     UNION ALL SELECT id, NULL, true FROM conv`,
     [starts, r.tenant, r.run, r.conversation, r.time, r.runBudgetTokens, r.month, MAX_ANCESTORS],
   );
-  const parentOf = new Map(links.rows.map((x) => [x.id, x.parent]));
+  const parentOf = new Map(links.rows.filter((x) => !x.made).map((x) => [x.id, x.parent]));
   const family = familyNow(r, parentOf.get(r.conversation) ?? null, (id) => parentOf.get(id) ?? null);
+  // A parent the request names but the conversation's own parent overrules is no part of this
+  // request: a row made for it here goes again, as SQLite never makes it (ADR 0018).
+  const stray = named !== null && !family.ancestors.includes(named) && links.rows.some((x) => x.made && x.id === named) ? named : null;
   const convIds = [r.conversation, ...family.ancestors].sort();
   // 2. Lock in a fixed order: run, conversations by id, tenant month. The tenant month is the row
   // every request of a tenant queues on, so it is locked last and held for two round trips only:
@@ -121,7 +126,7 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
      , conv AS (UPDATE conversations SET reserved_usd = reserved_usd + $${n + 3}::double precision,
          tenant = CASE WHEN id = $${n + 4}::text THEN COALESCE(tenant, $${n + 5}::text) ELSE tenant END,
          parent = CASE WHEN id = $${n + 4}::text THEN COALESCE(parent, $${n + 6}::text) ELSE parent END
-       WHERE id = ANY($${n + 7}::text[]))${money}
+       WHERE id = ANY($${n + 7}::text[]))${money}${stray === null ? '' : `, stray AS (DELETE FROM conversations WHERE id = $${n + (w === null ? 8 : 9)})`}
      SELECT 1`,
     [
       ...RESERVATION_COLUMNS.map((k) => cols[k]),
@@ -134,6 +139,7 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
       // Without money only the conversation's own row has anything to write.
       w === null ? [r.conversation] : convIds,
       ...(w === null ? [] : [r.month]),
+      ...(stray === null ? [] : [stray]),
     ],
   );
   return { ok: true };

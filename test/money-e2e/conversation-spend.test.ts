@@ -79,3 +79,14 @@ t.test('spend adds up across a parent and its child, by model, for its owner onl
   // …and an unknown conversation looks the same to its would-be owner.
   t.equal((await call(gw.url, 'GET', '/v1/conversations/nope/spend', { authorization: `Bearer ${ALICE}` })).status, 404);
 });
+
+t.test('a parent named after the first holds nothing: no conversation is made for it, on every store', async (t) => {
+  const { gw } = await moneyWorld(t);
+  t.equal((await chat(gw, ALICE, turn('llama-local'), { 'x-tollgate-conversation': 'k-0', 'x-tollgate-parent': 'p-1' })).status, 200);
+  // The first parent stays the conversation's parent; the one named now is no part of it.
+  t.equal((await chat(gw, ALICE, turn('llama-local'), { 'x-tollgate-conversation': 'k-0', 'x-tollgate-parent': 'p-other' })).status, 200);
+  t.equal((await call(gw.url, 'GET', '/v1/conversations/p-other/spend', { authorization: `Bearer ${ALICE}` })).status, 404, 'p-other was never made');
+  t.equal((await call(gw.url, 'GET', '/v1/conversations/p-1/spend', { authorization: `Bearer ${ALICE}` })).status, 200);
+  // So another tenant can still use the name.
+  t.equal((await chat(gw, BOB, turn('llama-local'), { 'x-tollgate-conversation': 'p-other' })).status, 200);
+});
