@@ -12,3 +12,11 @@ export function messageText(content: ChatMessage['content']): string {
   }
   return texts.join('\n');
 }
+
+/** Characters a reader cannot see: whitespace and the zero-width ones `trim()` leaves. */
+const UNSEEN = /^[\s\u200b-\u200d\u2060\ufeff]*$/;
+
+/** Whether a text shows anything to a reader (an answer of only blanks or zero-width spaces is none). */
+export function showsText(text: string): boolean {
+  return !UNSEEN.test(text);
+}

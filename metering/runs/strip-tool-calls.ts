@@ -3,6 +3,7 @@
 // written as text are removed — from a whole completion or from a stream, chunk by chunk.
 
 import { MarkupStripper, stripMarkup } from './tool-call-markup.js';
+import { showsText } from './message-text.js';
 
 type Json = Record<string, unknown>;
 
@@ -45,8 +46,10 @@ export function stripToolCallsFromCompletion(json: unknown): CompletionStripResu
         const content = r.found ? r.text.trim() : r.text;
         if (r.found) stripped = toolsProposed = true;
         message.content = content;
-        if (content.trim() !== '') visible = true;
+        if (showsText(content)) visible = true;
       }
+      // A refusal is the model's answer too, if not the one asked for.
+      if (typeof message.refusal === 'string' && showsText(message.refusal)) visible = true;
     }
     if (typeof choice.finish_reason === 'string' && TOOL_FINISH.has(choice.finish_reason)) {
       choice.finish_reason = 'stop';
@@ -136,6 +139,7 @@ export class StreamToolCallFilter {
       else delete delta.content;
     }
     this.noteText(text);
+    if (typeof delta.refusal === 'string') this.noteText(delta.refusal);
     this.markupFound();
 
     if (ending && TOOL_FINISH.has(raw.finish_reason as string)) {
@@ -157,7 +161,7 @@ export class StreamToolCallFilter {
   }
 
   private noteText(text: string): void {
-    if (text.trim() !== '') this.visible = true;
+    if (showsText(text)) this.visible = true;
   }
 
   private markupFound(): void {

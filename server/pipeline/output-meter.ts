@@ -147,6 +147,22 @@ export function deltaText(choice: Record<string, unknown>): string {
 }
 
 /**
+ * The part of a streamed choice a reader takes for the answer: a completion's text, the delta's
+ * content or refusal — not its reasoning, not its tool calls. A final turn that wrote only those
+ * wrote no answer (SPEC §5).
+ */
+export function answerText(choice: Record<string, unknown>): string {
+  let text = typeof choice.text === 'string' ? choice.text : '';
+  const delta = choice.delta;
+  if (delta && typeof delta === 'object') {
+    const { content, refusal } = delta as Record<string, unknown>;
+    if (typeof content === 'string') text += content;
+    if (typeof refusal === 'string') text += refusal;
+  }
+  return text;
+}
+
+/**
  * What the model wrote in a message or a delta: its content, its reasoning (`reasoning_content`:
  * DeepSeek, llama.cpp; `reasoning`: OpenRouter, Groq, vLLM — reasoning tokens are output tokens,
  * SPEC §7; one text when a server sends it under both names), a refusal, and its tool calls, the

@@ -9,7 +9,8 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { SseEventTooLarge, SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
-import { OutputMeter, deltaText, writtenText } from './output-meter.js';
+import { OutputMeter, answerText, deltaText, writtenText } from './output-meter.js';
+import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
 import type { Plan } from './plan.js';
@@ -158,7 +159,7 @@ export async function relayStream(
     const plain = filter === null && metaTaken && oneLine && !finished.has(0) ? contentChunk(event.data) : null;
     if (plain !== null) {
       if (meter.add(0, plain.text)) {
-        if (plain.text.trim() !== '') out.visibleText = true;
+        if (showsText(plain.text)) out.visibleText = true;
         // `"usage":null` is there because the gateway asked for usage: passed on only if the client did.
         write(`data: ${plan.valid.includeUsage ? event.data : plain.withoutUsage}\n\n`);
         return true;
@@ -219,7 +220,7 @@ export async function relayStream(
         untouched = false;
         continue;
       }
-      if (!visible && text.trim() !== '') visible = true;
+      if (!visible && showsText(answerText(raw))) visible = true;
       kept.push(raw);
       if (typeof raw.finish_reason === 'string') {
         finished.add(index);
@@ -237,7 +238,7 @@ export async function relayStream(
       if (filter) next = filter.push(next);
       if (next) {
         const nextChoices = Array.isArray(next.choices) ? next.choices : [];
-        if (nextChoices.some((c) => isObject(c) && deltaText(c).trim() !== '')) out.visibleText = true;
+        if (nextChoices.some((c) => isObject(c) && showsText(answerText(c)))) out.visibleText = true;
         if (holdFinish && nextChoices.some((c) => isObject(c) && typeof c.finish_reason === 'string')) heldFinish.push(next);
         else write(sseData(next));
       }

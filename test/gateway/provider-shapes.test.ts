@@ -22,7 +22,7 @@ const chunk = (delta: Json, extra: Json = {}, index = 0) => `data: ${JSON.string
 const finish = (reason = 'stop', index = 0) => `data: ${JSON.stringify({ ...ID, choices: [{ index, delta: {}, finish_reason: reason }] })}\n\n`;
 const DONE = 'data: [DONE]\n\n';
 
-async function scripted(t: Test, script: Script): Promise<{ gw: TestGateway; sent: Json[] }> {
+async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ gw: TestGateway; sent: Json[] }> {
   const sent: Json[] = [];
   const server: Server = createServer((req, res) => {
     let text = '';
@@ -42,7 +42,7 @@ async function scripted(t: Test, script: Script): Promise<{ gw: TestGateway; sen
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })], ...config });
   return { gw, sent };
 }
 
@@ -181,3 +181,27 @@ t.test('a choice past n has no allowance: not passed on, not charged', async (t)
   const [row] = await rows(gw);
   t.equal(row.generated_tokens, 2);
 });
+
+for (const [name, after] of [
+  ['then proposes a tool', [chunk({ tool_calls: [{ index: 0, id: 'c2', type: 'function', function: { name: 'search', arguments: '{}' } }] }), finish('tool_calls')]],
+  ['then writes nothing', [chunk({ content: '' }), finish()]],
+] as const) {
+  t.test(`a streamed final turn that reasons ${name} is no answer: the excerpt, with its header`, async (t) => {
+    const { gw } = await scripted(t, () => ({ stream: true, pieces: [...Array.from({ length: 5 }, () => chunk({ reasoning_content: ' thinking' })), ...after, DONE] }), { runs: { maxToolRounds: 1 } });
+    const messages = [
+      { role: 'user', content: 'Find it.' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'found: it is here' },
+    ];
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', stream: true, max_tokens: 50, messages, tools: [{ type: 'function', function: { name: 'search' } }] }),
+    });
+    t.match(res.headers.get('x-tollgate-notice') ?? '', /finishing-the-answer/);
+    t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt', 'reasoning did not pass for the answer');
+    const text = await res.text();
+    t.match(text, /found: it is here/);
+    t.notMatch(text, /"tool_calls"/);
+  });
+}
