@@ -7,6 +7,7 @@ import type { ChatMessage } from '../types.js';
 import { messageText } from './message-text.js';
 import { inspectRun } from './run-state.js';
 import { truncateUtf8, utf8Bytes } from './utf8-truncate.js';
+import { defangMarkup } from './tool-call-markup.js';
 
 export const EXCERPT_FIRST_LINE =
   'UNVERIFIED EVIDENCE, NOT AN ANSWER: the research ended without a final answer, so these are raw excerpts of what the tools returned — unchecked, incomplete and not a synthesis.';
@@ -65,9 +66,11 @@ function collectItems(messages: readonly ChatMessage[]): Item[] {
       const n = items.length + 1;
       const args = truncateUtf8(call.arguments.replace(/\s+/g, ' ').trim(), ARGS_BYTES);
       const shortened = args.length < call.arguments.trim().length ? '…' : '';
-      const text = messageText(messages[call.resultIndex]!.content);
+      // Quoted tool-call markup is made inert: the excerpt is a final turn's answer, and a final
+      // turn passes no tool call out, not even one a fetched page wrote (SPEC §5).
+      const text = defangMarkup(messageText(messages[call.resultIndex]!.content));
       items.push({
-        heading: `\n\n[${n}] tool ${call.name || '(unnamed)'}, arguments ${args || '(none)'}${shortened}\n`,
+        heading: defangMarkup(`\n\n[${n}] tool ${call.name || '(unnamed)'}, arguments ${args || '(none)'}${shortened}\n`),
         body: text === '' ? '(empty result)' : text,
       });
     }

@@ -1,7 +1,9 @@
 // Tool-call markup that models write into plain text when their server does not parse it (or when
 // no tools were offered, as in a final turn): Hermes/Qwen `<tool_call>`, Phi-4 and Granite
 // `<|tool_call|>`, Kimi's and DeepSeek's call sections, Mistral's `[TOOL_CALLS]`, Llama 3.1's
-// `<|python_tag|>` and Llama 3.2's `<function=…>`. A final turn must not show any of it (seed 001).
+// `<|python_tag|>`, Llama 3.2's `<function=…>`, Llama 4's `<|python_start|>` and gpt-oss's harmony
+// messages to a function. A final turn must not show any of it (seed 001). A bare JSON object or a
+// fenced code block may be a call too, but as often an answer: those are left alone.
 
 interface Marker {
   open: string;
@@ -17,6 +19,15 @@ const MARKERS: readonly Marker[] = [
   { open: '<function=', close: '</function>' },
   { open: '[TOOL_CALLS]', close: null },
   { open: '<|python_tag|>', close: null },
+  // Llama 4.
+  { open: '<|python_start|>', close: '<|python_end|>' },
+  // gpt-oss (harmony): a message to a function, its recipient named in the header's role part or
+  // its channel part; the whole message, header and all, ends with `<|call|>`.
+  { open: '<|start|>assistant to=', close: '<|call|>' },
+  { open: '<|start|>assistant<|channel|>commentary to=', close: '<|call|>' },
+  { open: '<|start|>assistant<|channel|>analysis to=', close: '<|call|>' },
+  { open: '<|channel|>commentary to=', close: '<|call|>' },
+  { open: '<|channel|>analysis to=', close: '<|call|>' },
 ];
 
 const LONGEST_OPEN = Math.max(...MARKERS.map((m) => m.open.length));
@@ -79,6 +90,22 @@ export function stripMarkup(text: string): { text: string; found: boolean } {
   const s = new MarkupStripper();
   const out = s.push(text) + s.finish();
   return { text: out, found: s.found };
+}
+
+/** Every tag of the markup, opening and closing, longest first (`<|start|>assistant…` before `<|channel|>…`). */
+const TAGS = [...new Set(MARKERS.flatMap((m) => (m.close === null ? [m.open] : [m.open, m.close])))].sort((a, b) => b.length - a.length);
+
+/**
+ * Text that quotes markup (a tool's result that holds a web page with `<tool_call>` in it) made
+ * inert, not cut: each tag's first character becomes a look-alike (`‹tool_call>`, `［TOOL_CALLS]`),
+ * so a client that parses calls out of text finds none, and a person still reads what was there.
+ */
+export function defangMarkup(text: string): string {
+  let out = text;
+  for (const tag of TAGS) {
+    if (out.includes(tag)) out = out.replaceAll(tag, (tag[0] === '[' ? '［' : '‹') + tag.slice(1));
+  }
+  return out;
 }
 
 function earliestOpen(s: string): { at: number; marker: Marker } | null {

@@ -42,10 +42,27 @@ t.test('every markup form, closed or not', async (t) => {
     ['x<function=search>{"q":"a"}</function>y', 'xy'],
     ['x<|tool_calls_section_begin|>…<|tool_calls_section_end|>y', 'xy'],
     ['x<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>y', 'xy'],
+    ['x<|python_start|>search(q="a")<|python_end|>y', 'xy'],
+    ['x<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"q":"a"}<|call|>y', 'xy'],
+    ['x<|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{"q":"a"}<|call|>y', 'xy'],
+    ['x<|start|>assistant to=functions.search<|channel|>commentary json<|message|>{"q":"a"}<|call|>y', 'xy'],
+    ['x<|channel|>analysis to=browser.search<|message|>{"q":"a"}<|call|>y', 'xy'],
     ['1 < 2 and <b>bold</b> stay', '1 < 2 and <b>bold</b> stay'],
+    ['```json\n{"name":"search"}\n```', '```json\n{"name":"search"}\n```'],
   ];
   for (const [input, expected] of cases) t.equal(stripMarkup(input).text, expected, input);
   t.equal(stripMarkup('plain').found, false);
+});
+
+t.test('an answer of blanks and zero-width spaces is empty; a refusal is an answer', async (t) => {
+  t.equal(stripToolCallsFromCompletion(completion({ content: ' \u200b\n\ufeff' })).empty, true);
+  t.equal(stripToolCallsFromCompletion(completion({ content: null, refusal: 'I cannot help with that.' })).empty, false);
+  const f = new StreamToolCallFilter();
+  f.push(chunk({ content: '\u200b' }));
+  t.equal(f.finish().visibleText, false, 'a zero-width space is not visible text');
+  const g = new StreamToolCallFilter();
+  g.push(chunk({ refusal: 'I cannot help with that.' }));
+  t.equal(g.finish().visibleText, true, 'a refusal is');
 });
 
 t.test('an answer that was only markup is empty', async (t) => {
