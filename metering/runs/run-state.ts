@@ -6,6 +6,8 @@ import type { ChatMessage } from '../types.js';
 import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.js';
 import { messageDigest } from '../message-digest.js';
 import { hashOnce } from '../hash-once.js';
+import { messageText } from './message-text.js';
+import { stripMarkup } from './tool-call-markup.js';
 
 export interface BatchCall {
   id: string | null;
@@ -59,7 +61,8 @@ export function inspectRun(messages: readonly ChatMessage[], writeTools: readonl
   for (let i = lastUserIndex + 1; i < messages.length; i++) {
     const m = messages[i]!;
     if (m.role !== 'assistant') continue;
-    const calls = callsOf(m);
+    let calls = callsOf(m);
+    if (calls.length === 0) calls = markupCalls(messages, i);
     if (calls.length === 0) continue;
     const batch = readBatch(messages, i, calls, writes);
     batches.push(batch);
@@ -93,6 +96,32 @@ function callsOf(m: ChatMessage): BatchCall[] {
   const legacy = m.function_call as { name?: unknown; arguments?: unknown } | null | undefined;
   if (legacy === null || typeof legacy !== 'object' || typeof legacy.name !== 'string') return [];
   return [{ id: null, name: legacy.name, arguments: typeof legacy.arguments === 'string' ? legacy.arguments : '', resultIndex: null }];
+}
+
+/**
+ * Calls a model wrote as markup in its text (`<tool_call>…`, tool-call-markup.ts), which the
+ * client parsed and answered with `tool` messages: a tool round like any other (SPEC §5), else such
+ * a loop would never meet the rounds or patience bounds. One call per answer, named from the
+ * markup's `"name"` fields where they can be read; the markup itself stands as the first call's
+ * arguments, so a repeated call is a repeated batch.
+ */
+function markupCalls(messages: readonly ChatMessage[], assistantIndex: number): BatchCall[] {
+  const answers: ChatMessage[] = [];
+  for (let j = assistantIndex + 1; j < messages.length; j++) {
+    const role = messages[j]!.role;
+    if (role === 'assistant' || role === 'user') break;
+    if (role === 'tool' || role === 'function') answers.push(messages[j]!);
+  }
+  if (answers.length === 0) return [];
+  const text = messageText(messages[assistantIndex]!.content);
+  if (!stripMarkup(text).found) return [];
+  const names = [...text.matchAll(/"name"\s*:\s*"([^"\\]{1,128})"/g)].map((found) => found[1]!);
+  return answers.map((answer, k) => ({
+    id: typeof answer.tool_call_id === 'string' ? answer.tool_call_id : null,
+    name: names[k] ?? (typeof answer.name === 'string' ? answer.name : ''),
+    arguments: k === 0 ? text : '',
+    resultIndex: null,
+  }));
 }
 
 function readBatch(messages: readonly ChatMessage[], assistantIndex: number, calls: BatchCall[], writes: Set<string>): ToolBatch {

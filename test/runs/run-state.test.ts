@@ -168,3 +168,19 @@ t.test('legacy function calls are rounds, answered by the next "function" messag
   t.same(run.batches[0]!.calls.map((c) => [c.name, c.arguments]), [['search', '{"q":"x"}']]);
   t.equal(inspectRun([user('go'), { role: 'assistant', content: 'plain', function_call: null }], []).toolRounds, 0, 'a null function_call is no call');
 });
+
+t.test('calls written as markup and answered by tool messages are rounds, repeated ones count toward patience', async (t) => {
+  const hermes = (n: number, name: string, answer: string): ChatMessage[] => [
+    { role: 'assistant', content: `Let me look.\n<tool_call>\n{"name": "${name}", "arguments": {"q": "x"}}\n</tool_call>` },
+    { role: 'tool', tool_call_id: `m${n}`, content: answer },
+  ];
+  const run = inspectRun([user('go'), ...hermes(1, 'search', 'same'), ...hermes(2, 'search', 'same'), ...hermes(3, 'search', 'same')], ['save']);
+  t.equal(run.toolRounds, 3);
+  t.equal(run.identicalStreak, 3);
+  t.same(run.batches[0]!.calls.map((c) => [c.id, c.name, c.resultIndex]), [['m1', 'search', 2]]);
+  const written = inspectRun([user('go'), ...hermes(1, 'save', 'ok'), ...hermes(2, 'save', 'ok')], ['save']);
+  t.equal(written.identicalStreak, 0, 'a write read from the markup does not count toward patience');
+  // Markup with no tool message after it is text (a model showing an example), not a round.
+  t.equal(inspectRun([user('go'), { role: 'assistant', content: '<tool_call>{"name":"search"}</tool_call>' }], []).toolRounds, 0);
+  t.equal(inspectRun([user('go'), { role: 'assistant', content: 'plain text' }, { role: 'tool', tool_call_id: 'x', content: 'r' }], []).toolRounds, 0, 'a tool message after plain text makes no round');
+});
