@@ -122,6 +122,9 @@ async function relayAdmitted(
     if (!reply.raw.writableFinished) abort.abort();
   };
   reply.raw.on('close', onClose);
+  // A client that left while the request was planned and admitted has already closed: its
+  // request is not sent at all.
+  if (reply.raw.destroyed) abort.abort();
 
   const counter = gw.counters.forModel(plan.upstream, plan.model);
   const tForward = performance.now();
@@ -173,6 +176,7 @@ async function relayAdmitted(
   }
 
   let res: Dispatcher.ResponseData;
+  const neverSent = abort.signal.aborted;
   try {
     res = await forward(plan, abort.signal);
   } catch (err) {
@@ -181,11 +185,12 @@ async function relayAdmitted(
     const clientGone = abort.signal.aborted && !draining();
     const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 502;
     // Only an upstream failure refunds the whole reservation; a client that left while the model
-    // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7).
+    // worked on the request pays for the prompt it read, the allowance is refunded (SPEC §2.7) —
+    // unless it left before the request was sent: then no model read anything.
     // A final turn that failed is answered with the evidence excerpt: the client gets a 200, and
     // the ledger says so.
     const fallback = plan.mode === 'final-answer' && !abort.signal.aborted;
-    settled = await settle(gw, plan, { status: fallback ? 200 : status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: !clientGone });
+    settled = await settle(gw, plan, { status: fallback ? 200 : status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback, refundAll: !clientGone || neverSent });
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(status, clientGone ? undefined : err);
     // A 502/504 (or a stopping gateway's 503) carries the settled figures too (whole refund), as an

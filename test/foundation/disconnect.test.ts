@@ -12,6 +12,10 @@ import { startOpenAiDouble, type RecordedRequest } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
+import { openStore } from '../../metering/stores/open-store.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 const tick = () => new Promise((r) => setTimeout(r, 10));
 
@@ -234,3 +238,40 @@ for (const as of ['data', 'event'] as const) {
     t.equal(row.charge_tokens, row.prompt_charge + 3, 'what was generated is charged');
   });
 }
+
+t.test('a client that leaves while its request is admitted: nothing is sent upstream, the reservation refunded, 499', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-admit-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const ledger = await openStore({ kind: 'sqlite', path: join(dir, 'ledger.db') });
+  // Admission waits until the test says so: the client leaves in between.
+  let admitting: () => void = () => {};
+  const reached = new Promise<void>((r) => (admitting = r));
+  let release: () => void = () => {};
+  const released = new Promise<void>((r) => (release = r));
+  const admit = ledger.admit.bind(ledger);
+  ledger.admit = async (r) => {
+    admitting();
+    await released;
+    return admit(r);
+  };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger });
+  const abort = new AbortController();
+  const pending = fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'never mind' }], max_tokens: 40 }),
+    signal: abort.signal,
+  }).catch(() => null);
+  await reached;
+  abort.abort();
+  await pending;
+  await until('the gateway saw the client go', () => new Promise<boolean>((r) => gw.app.server.getConnections((_e, n) => r(n === 0))));
+  release();
+  const row = await settledRow(gw);
+  t.equal(upstream.requests.length, 0, 'the model was never asked');
+  t.equal(row.status, 499);
+  t.equal(row.charge_tokens, 0, 'no model read the prompt');
+  t.equal(row.refund_tokens, row.reserved_tokens);
+});
