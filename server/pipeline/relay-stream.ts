@@ -264,10 +264,16 @@ export async function relayStream(
       if (out.clientGone) break;
     }
     if (!out.cut && !done) for (const event of parser.end()) if (!handle(event)) break;
+    // A body that ended with neither `[DONE]` nor every choice finished is an answer broken off,
+    // not a whole one (a clean end of the connection part way through, or no events at all).
+    if (!done && !out.clientGone && out.upstreamError === null && finished.size < choicesExpected) out.upstreamLost = true;
   } catch (err) {
-    // An event that never ends is a broken answer, said as such; anything else lost the upstream.
+    // An event that never ends is a broken answer, said as such. A read that failed because the
+    // client left (the gateway aborted the upstream for it) is the client's leaving; anything else
+    // lost the upstream.
     if (err instanceof SseEventTooLarge) out.upstreamError = { message: `upstream "${plan.upstream.name}" sent a broken stream: ${err.message}`, type: 'upstream_error', param: null, code: 'upstream_bad_response' };
-    else out.upstreamLost = !out.clientGone;
+    else if (res.destroyed) out.clientGone = true;
+    else out.upstreamLost = true;
   }
   // Whatever stopped the relay before the upstream's end — the allowance, the client, an error in
   // the stream or one while handling it — stops the upstream too: it would generate for no one.

@@ -275,3 +275,22 @@ t.test('a client that leaves while its request is admitted: nothing is sent upst
   t.equal(row.charge_tokens, 0, 'no model read the prompt');
   t.equal(row.refund_tokens, row.reserved_tokens);
 });
+
+t.test('a client that leaves a stream before any output pays for the prompt the model read: 499, as after output', async (t) => {
+  // The upstream sends its head and the role chunk, then holds the connection open.
+  const { upstream, gw } = await gatewayWith(t, { completionTokens: 50, stallAfterChunks: 0 });
+  const abort = new AbortController();
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'leave early' }], max_tokens: 40, stream: true }),
+    signal: abort.signal,
+  });
+  t.equal(res.status, 200);
+  await until('upstream answering', () => upstream.requests.at(-1)?.chunksSent === 0 || upstream.requests.length > 0);
+  abort.abort();
+  const row = await settledRow(gw);
+  t.equal(row.status, 499, 'the client left; the upstream did not fail');
+  t.equal(row.charge_tokens, row.prompt_charge, 'the prompt charged, as when output had come');
+  t.equal(row.refund_tokens, 40);
+});

@@ -154,3 +154,28 @@ t.test('a stream event that never ends: an error event, the upstream let go, wha
   const [row] = await rows(gw);
   t.match(row, { status: 502, generated_tokens: 2, refund_tokens: 18 });
 });
+
+for (const [name, body, generated] of [
+  ['ends its stream part way, cleanly, without [DONE]', 'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}]}\n\n', 1],
+  ['answers a stream request with junk under an event-stream type', 'this is not server-sent events\n', 0],
+] as const) {
+  t.test(`an upstream that ${name}: an error event, not a whole answer`, async (t) => {
+    const server: Server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(body);
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+    t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...chat, stream: true }) });
+    const text = await res.text();
+    t.match(text, /data: \{"error":\{[^\n]*"code":"upstream_lost"\}\}/);
+    t.notMatch(text, /this is not/, 'the junk is not passed on');
+    const [row] = await rows(gw);
+    t.match(row, { status: 502, generated_tokens: generated });
+    if (generated === 0) t.equal(row.charge_tokens, 0, 'nothing came: the whole reservation refunded');
+  });
+}
