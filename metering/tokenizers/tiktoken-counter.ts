@@ -444,7 +444,9 @@ export class TiktokenCounter implements TokenCounter {
           r.fixed += k.enumInit;
           for (const item of prop.enum) {
             r.fixed += k.enumItem;
-            r.texts.push(String(item));
+            // An item is a string in the cookbook; anything else a client sends is counted as the
+            // JSON it wrote (`String` throws on an object whose `toString` is not a function).
+            r.texts.push(typeof item === 'string' ? item : JSON.stringify(item));
           }
         }
         r.texts.push(`${key}:${stringOr(prop.type)}:${stripPeriod(stringOr(prop.description))}`);

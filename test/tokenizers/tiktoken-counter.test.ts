@@ -103,6 +103,18 @@ t.test('cookbook tool example: 105 on gpt-4/3.5, 101 on gpt-4o family', async (t
   }
 });
 
+t.test('enum items that are not strings are counted as the JSON the client wrote, never a throw', async (t) => {
+  const model = 'gpt-4o';
+  const tools = (items: unknown[]): ToolDefinition[] => [
+    { type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', enum: items } } } } },
+  ];
+  const counter = counterFor(model);
+  const odd = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tools([{ toString: 1 }, 7, null]) });
+  const written = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tools(['{"toString":1}', '7', 'null']) });
+  t.equal(odd.tokens, written.tokens);
+  t.equal(odd.method, 'tiktoken:o200k_base');
+});
+
 t.test('prefix[k] = tools + first k messages, tokens = prefix[n] + 3', async (t) => {
   const model = 'gpt-4o';
   const counter = counterFor(model);
