@@ -110,6 +110,12 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       finish(err);
     };
     if (declared > maxBodyBytes) refuseEarly(tooLarge(declared, true));
+    // A compressed body would be read as JSON and refused with its binary quoted back; one said to
+    // be compressed but sent plain would pass. Either way the client is told what to change.
+    const encoding = request.headers['content-encoding'];
+    if (!finished && encoding !== undefined && encoding.trim().toLowerCase() !== 'identity' && encoding.trim() !== '') {
+      refuseEarly(new GatewayError('invalid_request', `content-encoding: "${encoding}" is not supported: send the body uncompressed`, {}, 'content-encoding'));
+    }
     payload.on('data', (chunk: Buffer) => {
       if (finished) return;
       total += chunk.length;

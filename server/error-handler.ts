@@ -76,6 +76,11 @@ export function registerErrorHandling(app: FastifyInstance): void {
       return answer(err.status, err.code, err.toEnvelope(), {}, { level: 'warn', err: gw.config.logging.prompts ? err.message : (err.logMessage ?? err.message) });
     }
     const fe = err as FastifyError;
+    if (fe.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') {
+      // Every media type is read as JSON (server/body.ts): this is a header that is no media type.
+      const sent = JSON.stringify(request.headers['content-type'] ?? '');
+      return answer(400, 'invalid_request', envelope('invalid_request', `content-type: ${sent} cannot be read as a media type: send content-type: application/json`, 'invalid_request_error', 'content-type'));
+    }
     if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
       // Fastify's own 4xx (FST_ERR_…): the client's mistake, under the gateway's one code for it.
       const code = fe.code && !fe.code.startsWith('FST_') ? fe.code : 'invalid_request';

@@ -152,6 +152,30 @@ t.test('bad input is a 400 naming the field, and changes nothing', async (t) => 
   t.equal(rows.length, 0, 'no ledger rows');
 });
 
+t.test('a compressed body, or a content-type that is no media type, is a 400 saying which header', async (t) => {
+  const { upstream, gw } = await setup(t, {});
+  const { gzipSync } = await import('node:zlib');
+  const body = JSON.stringify({ model: 'gpt-4o', max_tokens: 4, messages: [{ role: 'user', content: 'q' }] });
+  const send = async (headers: Record<string, string>, payload: string | Uint8Array) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: payload as BodyInit });
+    return { status: res.status, retry: res.headers.get('x-should-retry'), body: (await res.json()) as Envelope };
+  };
+  for (const [headers, payload] of [
+    [{ 'content-type': 'application/json', 'content-encoding': 'gzip' }, new Uint8Array(gzipSync(body))],
+    [{ 'content-type': 'application/json', 'content-encoding': 'br' }, body],
+  ] as const) {
+    const r = await send(headers, payload);
+    t.equal(r.status, 400, headers['content-encoding']);
+    t.match(r.body.error, { code: 'invalid_request', param: 'content-encoding', message: `content-encoding: "${headers['content-encoding']}" is not supported: send the body uncompressed` });
+    t.equal(r.retry, 'false');
+  }
+  t.equal((await send({ 'content-type': 'application/json', 'content-encoding': 'identity' }, body)).status, 200, 'identity is no encoding');
+  const odd = await send({ 'content-type': 'application/json, text/plain' }, body);
+  t.equal(odd.status, 400);
+  t.match(odd.body.error, { code: 'invalid_request', param: 'content-type', message: /content-type: "application\/json, text\/plain" cannot be read as a media type/ });
+  t.equal(upstream.requests.length, 1, 'only the identity request reached the upstream');
+});
+
 t.test('admission applies the body limit to the request inside, with the real request envelope', async (t) => {
   const { both, post } = await setup(t, { maxBodyBytes: 1000 });
   const sized = (bytes: number) => {
