@@ -19,7 +19,7 @@ import { PrefixMemo } from '../metering/prefix-memo.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
-import { NO_RETRY_HEADERS, envelope } from './errors.js';
+import { GatewayError, NO_RETRY_HEADERS, envelope } from './errors.js';
 import type { Clock, Gateway } from './gateway.js';
 import chatRoute from '../routes/chat-completions.js';
 import completionsRoute from '../routes/completions.js';
@@ -78,6 +78,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // off): a client that sends its headers and then its body a byte at a time, or never, does not
     // hold a connection and a buffered body for ever. Answers (streams) are not bounded by it.
     requestTimeout: REQUEST_TIMEOUT_MS,
+    // A request that arrives on a kept-alive connection while the gateway closes is answered below,
+    // in the OpenAI envelope (Fastify's own 503 is a body no SDK reads as an error).
+    return503OnClosing: false,
     // One structured line per request comes from the pipeline itself (SPEC §10).
     logController: new LogController({ disableRequestLogging: true }),
     requestIdHeader: false,
@@ -188,6 +191,15 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
 
   registerJsonBodyParser(app, config.limits.maxBodyBytes);
   registerErrorHandling(app);
+  let closing = false;
+  app.addHook('preClose', (done) => {
+    closing = true;
+    done();
+  });
+  app.addHook('onRequest', async () => {
+    // Retryable: another replica, or this one once restarted, takes it (the SDKs retry a 503).
+    if (closing) throw new GatewayError('shutting_down', 'the gateway is shutting down: the request was not started; send it again');
+  });
 
   await app.register(healthRoutes);
   await app.register(metricsRoute);

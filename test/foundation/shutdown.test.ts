@@ -5,6 +5,7 @@
 
 import t, { type Test } from 'tap';
 import { Agent, request } from 'node:http';
+import { connect } from 'node:net';
 import type { ChildProcess } from 'node:child_process';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { processConfig, startGatewayProcess } from '../helpers/process.js';
@@ -100,4 +101,33 @@ t.test('many requests in flight listen for the drain without a listener-leak war
   await Promise.all(requests);
   await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
   t.same(warnings.filter((w) => w === 'MaxListenersExceededWarning'), []);
+});
+
+t.test('a request that reaches a closing gateway gets a 503 in the OpenAI envelope', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, delayMs: 300 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const body = JSON.stringify({ model: 'gpt-4o', max_tokens: 5, messages: [{ role: 'user', content: 'slow one' }] });
+  const inFlight = fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+  while (upstream.requests.length === 0) await new Promise((r) => setTimeout(r, 5));
+  // A request whose head is still arriving when the gateway starts closing (its connection is
+  // not idle, so it is not closed under it).
+  // (The server's parser reads a socket's bytes before a listener added after it does.)
+  const headRead = new Promise<void>((r) => gw.app.server.once('connection', (s) => s.once('data', () => r())));
+  const socket = connect(Number(new URL(gw.url).port), '127.0.0.1');
+  let text = '';
+  socket.on('data', (b) => (text += b.toString()));
+  const ended = new Promise<void>((r) => socket.on('close', () => r()));
+  socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
+  await headRead;
+  const closing = gw.app.close();
+  socket.write(`Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  await ended;
+  t.equal((await inFlight).status, 200, 'the request in flight finished');
+  await closing;
+  t.match(text, /^HTTP\/1\.1 503 /);
+  t.match(text, /\r\nconnection: close\r\n/i);
+  t.notMatch(text, /x-should-retry/i, 'retryable: another replica, or this one restarted, takes it');
+  t.match(text, /\r\n\r\n\{"error":\{"message":"the gateway is shutting down: the request was not started; send it again","type":"server_error","param":null,"code":"shutting_down"\}\}$/);
+  t.equal(upstream.requests.length, 1, 'it was not sent upstream');
 });
