@@ -11,7 +11,7 @@ declare module 'fastify' {
 }
 
 export async function requireClient(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
-  request.principal = await request.server.gateway.auth.authenticate(request.headers.authorization);
+  request.principal = await request.server.gateway.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization);
 }
 
 export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
@@ -20,7 +20,7 @@ export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply
   if (!token) throw new GatewayError('admin_token_required', 'the operator API needs "Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>"');
   if (gw.adminToken && sameSecret(token, gw.adminToken)) return;
   // A client key is a known identity without the right to change limits (SPEC §6): 403.
-  const client = await gw.auth.authenticate(request.headers.authorization).catch(() => null);
+  const client = await gw.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization).catch(() => null);
   if (client && (client.keyId !== null || !gw.auth.open)) {
     throw new GatewayError('forbidden', 'client keys cannot use the operator API');
   }

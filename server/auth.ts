@@ -47,7 +47,12 @@ export class Authenticator {
     return this.config.auth.keys.length === 0;
   }
 
+  /** `authorization`: the header as sent, every copy of it (IncomingMessage.headersDistinct), or one value. */
   async authenticate(authorization: string | string[] | undefined): Promise<Principal> {
+    // Node keeps the first of two Authorization headers: two keys are refused, not one picked.
+    if (Array.isArray(authorization) && authorization.length > 1 && !this.open) {
+      throw new GatewayError('invalid_api_key', `Authorization sent ${authorization.length} times: send one key`);
+    }
     const token = bearer(authorization);
     if (token) {
       const hash = hashKey(token);
@@ -57,7 +62,12 @@ export class Authenticator {
       if (stored) return { tenant: stored.tenant, keyId: stored.id, runs: {} };
     }
     if (this.open) return { tenant: OPEN_TENANT, keyId: null, runs: {} };
-    if (!token) throw new GatewayError('missing_api_key', 'missing API key: send "Authorization: Bearer tg-…"');
+    if (!token) {
+      // (What it holds is not quoted back: it may be a key sent without its scheme.)
+      const sent = Array.isArray(authorization) ? authorization[0] : authorization;
+      const how = sent?.trim() ? 'the Authorization header holds no Bearer key' : 'missing API key';
+      throw new GatewayError('missing_api_key', `${how}: send "Authorization: Bearer tg-…"`);
+    }
     throw new GatewayError('invalid_api_key', 'invalid API key');
   }
 }

@@ -53,7 +53,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
   const valid = validateRequest(kind, request.body);
   request.routedModel = valid.model;
-  const principal = await gw.auth.authenticate(request.headers.authorization);
+  const principal = await gw.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization);
   request.principal = principal;
   const headers = planHeaders(request.raw);
   const planOnce = () => planRequest(gw, valid, principal, headers);

@@ -3,6 +3,7 @@
 
 import t, { type Test } from 'tap';
 import { request as httpRequest } from 'node:http';
+import { connect } from 'node:net';
 import OpenAI from 'openai';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
@@ -61,6 +62,30 @@ t.test('no key → 401 missing_api_key; wrong key → 401 invalid_api_key; nothi
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-wrong' });
   t.equal(await sdkStatus(client.chat.completions.create({ ...chat, messages: [{ role: 'user', content: 'hello' }] })), 401);
   t.equal(upstream.requests.length, 0, 'refused before any upstream call');
+});
+
+t.test('two Authorization headers are refused, not one of them picked; a key without Bearer is told so, not quoted', async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const { port } = new URL(gw.url);
+  const body = JSON.stringify(chat);
+  const raw = (authLines: string) =>
+    new Promise<string>((resolve) => {
+      const socket = connect(Number(port), '127.0.0.1', () =>
+        socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n${authLines}Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`),
+      );
+      let text = '';
+      socket.on('data', (b) => (text += b.toString()));
+      socket.on('end', () => resolve(text));
+    });
+  const twice = await raw(`Authorization: Bearer ${KEY}\r\nAuthorization: Bearer tg-someone-else\r\n`);
+  t.match(twice, /^HTTP\/1\.1 401 /);
+  t.match(twice, /"message":"Authorization sent 2 times: send one key"/);
+  const bare = await raw(`Authorization: ${KEY}\r\n`);
+  t.match(bare, /^HTTP\/1\.1 401 /);
+  t.match(bare, /"message":"the Authorization header holds no Bearer key: send \\"Authorization: Bearer tg-…\\""/);
+  t.notMatch(bare, new RegExp(KEY), 'the key is not quoted back');
+  t.match(await raw(`Authorization: Bearer ${KEY}\r\n`), /^HTTP\/1\.1 200 /, 'one key passes');
+  t.equal(upstream.requests.length, 1);
 });
 
 t.test("SPEC §2's order: a body of the wrong shape is a 400 naming the field, key or no key", async (t) => {
