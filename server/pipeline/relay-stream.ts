@@ -133,6 +133,10 @@ export async function relayStream(
 
   /** The stream's id, model and created have been taken from a chunk that carries a real id. */
   let metaTaken = false;
+  /** A chunk with choices was parsed: its metadata is the stream's, real id or not. */
+  let metaParsed = false;
+  /** Any event with data came (a body with none is no event stream at all). */
+  let sawData = false;
 
   const handle = (event: SseEvent): boolean => {
     if (event.data === null) {
@@ -140,9 +144,10 @@ export async function relayStream(
       // goes on as it came, so that the client's and its proxies' idle timers see the stream alive.
       // Not in a final turn (whose head waits for its text), and not another Tollgate's closing
       // figures: the client reads this gateway's.
-      if (filter === null && event.raw.startsWith(':') && !event.raw.startsWith(': tollgate ')) write(`${event.raw}\n\n`);
+      if (filter === null && event.raw.startsWith(':') && !/^: ?tollgate\b/.test(event.raw)) write(`${event.raw}\n\n`);
       return true;
     }
+    sawData = true;
     if (event.data.trim() === '[DONE]') {
       done = true;
       return false;
@@ -151,15 +156,15 @@ export async function relayStream(
       out.upstreamError = errorOf(event.data);
       return false;
     }
-    // An event written as one `data: ` line can be passed on as it came; one whose data came in
-    // several lines (valid SSE) is written again as one, since its text holds their line ends.
-    const oneLine = event.raw.length === event.data.length + 6;
+    // Data in one line can be passed on as `data: <it>`; data that came in several `data:` lines
+    // (valid SSE) holds their line ends, and is written again as one line.
+    const oneLine = !event.data.includes('\n');
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
-    const plain = filter === null && metaTaken && oneLine && !finished.has(0) ? contentChunk(event.data) : null;
+    const plain = filter === null && (metaTaken || metaParsed) && oneLine && !finished.has(0) ? contentChunk(event.data) : null;
     if (plain !== null) {
       if (meter.add(0, plain.text)) {
-        if (showsText(plain.text)) out.visibleText = true;
+        if (!out.visibleText && showsText(plain.text)) out.visibleText = true;
         // `"usage":null` is there because the gateway asked for usage: passed on only if the client did.
         write(`data: ${plan.valid.includeUsage ? event.data : plain.withoutUsage}\n\n`);
         return true;
@@ -194,6 +199,9 @@ export async function relayStream(
     if (isObject(usage)) out.usage = usage;
     if (isObject(timings)) out.timings = timings;
     if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
+    // A server that gives its chunks no id: the first chunk with choices stands for the stream
+    // (Azure's id-less first chunk has none), and the fast path may start.
+    metaParsed = true;
 
     const kept: Json[] = [];
     // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
@@ -266,7 +274,10 @@ export async function relayStream(
     if (!out.cut && !done) for (const event of parser.end()) if (!handle(event)) break;
     // A body that ended with neither `[DONE]` nor every choice finished is an answer broken off,
     // not a whole one (a clean end of the connection part way through, or no events at all).
-    if (!done && !out.clientGone && out.upstreamError === null && finished.size < choicesExpected) out.upstreamLost = true;
+    if (!done && !out.clientGone && out.upstreamError === null && finished.size < choicesExpected) {
+      if (sawData) out.upstreamLost = true;
+      else out.upstreamError = { message: `upstream "${plan.upstream.name}" answered a stream request with no events`, type: 'upstream_error', param: null, code: 'upstream_bad_response' };
+    }
   } catch (err) {
     // An event that never ends is a broken answer, said as such. A read that failed because the
     // client left (the gateway aborted the upstream for it) is the client's leaving; anything else
