@@ -7,7 +7,7 @@ import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.
 import { messageDigest } from '../message-digest.js';
 import { hashOnce } from '../hash-once.js';
 import { messageText } from './message-text.js';
-import { stripMarkup } from './tool-call-markup.js';
+import { markupCallNames, markupSpans } from './tool-call-markup.js';
 
 export interface BatchCall {
   id: string | null;
@@ -101,9 +101,9 @@ function callsOf(m: ChatMessage): BatchCall[] {
 /**
  * Calls a model wrote as markup in its text (`<tool_call>…`, tool-call-markup.ts), which the
  * client parsed and answered with `tool` messages: a tool round like any other (SPEC §5), else such
- * a loop would never meet the rounds or patience bounds. One call per answer, named from the
- * markup's `"name"` fields where they can be read; the markup itself stands as the first call's
- * arguments, so a repeated call is a repeated batch.
+ * a loop would never meet the rounds or patience bounds. One call per answer, named as the markup
+ * names them (so a write tool is known); the markup alone — not the prose or reasoning around it —
+ * stands as the first call's arguments, so a repeated call is a repeated batch.
  */
 function markupCalls(messages: readonly ChatMessage[], assistantIndex: number): BatchCall[] {
   const answers: ChatMessage[] = [];
@@ -113,15 +113,18 @@ function markupCalls(messages: readonly ChatMessage[], assistantIndex: number): 
     if (role === 'tool' || role === 'function') answers.push(messages[j]!);
   }
   if (answers.length === 0) return [];
-  const text = messageText(messages[assistantIndex]!.content);
-  if (!stripMarkup(text).found) return [];
-  const names = [...text.matchAll(/"name"\s*:\s*"([^"\\]{1,128})"/g)].map((found) => found[1]!);
-  return answers.map((answer, k) => ({
-    id: typeof answer.tool_call_id === 'string' ? answer.tool_call_id : null,
-    name: names[k] ?? (typeof answer.name === 'string' ? answer.name : ''),
-    arguments: k === 0 ? text : '',
-    resultIndex: null,
-  }));
+  const spans = markupSpans(messageText(messages[assistantIndex]!.content));
+  if (spans.length === 0) return [];
+  const names = spans.flatMap(markupCallNames);
+  return Array.from({ length: Math.max(answers.length, names.length) }, (_, k) => {
+    const answer = answers[k];
+    return {
+      id: typeof answer?.tool_call_id === 'string' ? answer.tool_call_id : null,
+      name: names[k] ?? (typeof answer?.name === 'string' ? answer.name : ''),
+      arguments: k === 0 ? spans.join('\n') : '',
+      resultIndex: null,
+    };
+  });
 }
 
 function readBatch(messages: readonly ChatMessage[], assistantIndex: number, calls: BatchCall[], writes: Set<string>): ToolBatch {

@@ -108,6 +108,51 @@ export function defangMarkup(text: string): string {
   return out;
 }
 
+/** The markup of a whole text, each call block from its opening tag to its closing one (or the end). */
+export function markupSpans(text: string): string[] {
+  const spans: string[] = [];
+  let s = text;
+  for (let hit = earliestOpen(s); hit !== null; hit = earliestOpen(s)) {
+    const rest = s.slice(hit.at);
+    const { open, close } = hit.marker;
+    const end = close === null ? -1 : rest.indexOf(close, open.length);
+    const stop = end < 0 ? rest.length : end + close!.length;
+    spans.push(rest.slice(0, stop));
+    s = rest.slice(stop);
+  }
+  return spans;
+}
+
+/**
+ * The tools a block of markup calls, as far as its dialect names them: `<function=NAME>`, harmony's
+ * `to=functions.NAME`, Kimi's `functions.NAME:0`, DeepSeek's `<｜tool▁sep｜>NAME`, the top-level
+ * `name` of a JSON call or list of calls (Hermes, Phi-4, Mistral, Llama 3.1), or `NAME.call(` /
+ * `NAME[ARGS]` (Llama's python tag, Mistral v11). A name inside a call's arguments is not one.
+ */
+export function markupCallNames(span: string): string[] {
+  const named = /^<function=([^>\s]+)>/.exec(span) ?? /\bto=(?:functions\.)?([^\s<]+)/.exec(span);
+  if (named) return [named[1]!];
+  const sections = [...span.matchAll(/functions\.([\w.-]+):\d+|<｜tool▁sep｜>([^\n<｜]+)/g)].map((m) => (m[1] ?? m[2]!).trim());
+  if (sections.length > 0) return sections;
+  const marker = MARKERS.find((m) => span.startsWith(m.open));
+  let body = marker ? span.slice(marker.open.length) : span;
+  if (marker?.close && body.endsWith(marker.close)) body = body.slice(0, -marker.close.length);
+  body = body.trim();
+  try {
+    const parsed: unknown = JSON.parse(body);
+    const names = (Array.isArray(parsed) ? parsed : [parsed]).flatMap((c: unknown) =>
+      c !== null && typeof c === 'object' && typeof (c as { name?: unknown }).name === 'string' ? [(c as { name: string }).name] : [],
+    );
+    if (names.length > 0) return names;
+  } catch {
+    // not JSON: the call forms below
+  }
+  const call = /^([A-Za-z_][\w.-]*?)(?:\.call)?\s*[[(]/.exec(body);
+  if (call) return [call[1]!];
+  const first = /"name"\s*:\s*"([^"\\]{1,128})"/.exec(body);
+  return first ? [first[1]!] : [];
+}
+
 function earliestOpen(s: string): { at: number; marker: Marker } | null {
   let best: { at: number; marker: Marker } | null = null;
   for (const marker of MARKERS) {

@@ -183,4 +183,25 @@ t.test('calls written as markup and answered by tool messages are rounds, repeat
   // Markup with no tool message after it is text (a model showing an example), not a round.
   t.equal(inspectRun([user('go'), { role: 'assistant', content: '<tool_call>{"name":"search"}</tool_call>' }], []).toolRounds, 0);
   t.equal(inspectRun([user('go'), { role: 'assistant', content: 'plain text' }, { role: 'tool', tool_call_id: 'x', content: 'r' }], []).toolRounds, 0, 'a tool message after plain text makes no round');
+  // The markup is the batch, not the reasoning or prose around it.
+  const musing = (n: number): ChatMessage[] => [
+    { role: 'assistant', content: `<think>attempt ${n}: maybe this time</think>\n<tool_call>{"name":"search","arguments":{"q":"x"}}</tool_call>` },
+    { role: 'tool', tool_call_id: `t${n}`, content: 'same' },
+  ];
+  t.equal(inspectRun([user('go'), ...musing(1), ...musing(2), ...musing(3)], []).identicalStreak, 3, 'the same call three times, whatever was thought around it');
+});
+
+t.test('markup names its calls by dialect; a name inside the arguments is not a call', async (t) => {
+  const names = (content: string, answers = 1) =>
+    inspectRun([user('go'), { role: 'assistant', content }, ...Array.from({ length: answers }, (_, i) => ({ role: 'tool' as const, tool_call_id: `a${i}`, content: 'r' }))], []).batches[0]!.calls.map((c) => c.name);
+  t.same(names('<tool_call>{"name":"lookup_user","arguments":{"name":"Bob"}}</tool_call>'), ['lookup_user']);
+  t.same(names('<|tool_call|>[{"name":"a","arguments":{}},{"name":"b","arguments":{"name":"c"}}]<|/tool_call|>', 2), ['a', 'b']);
+  t.same(names('<function=delete_user>{"id":1}</function>'), ['delete_user']);
+  t.same(names('<|channel|>commentary to=functions.delete_user <|constrain|>json<|message|>{"id":1}<|call|>'), ['delete_user']);
+  t.same(names('<|python_tag|>search.call(query="x")'), ['search']);
+  t.same(names('[TOOL_CALLS]search[ARGS]{"q":"x"}'), ['search']);
+  t.same(names('<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>'), ['search']);
+  t.same(names('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'), ['search']);
+  const written = inspectRun([user('go'), { role: 'assistant', content: '<tool_call>{"name":"lookup","arguments":{}}</tool_call><tool_call>{"name":"save","arguments":{}}</tool_call>' }, { role: 'tool', tool_call_id: 'x', content: 'r' }], ['save']);
+  t.equal(written.batches[0]!.hasWrite, true, 'a write named in the markup is a write, even with fewer answers than calls');
 });
