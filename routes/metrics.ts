@@ -1,14 +1,15 @@
 // GET /metrics — Prometheus text. Open unless `metrics.token` is configured (SPEC §11).
 
 import type { FastifyPluginAsync } from 'fastify';
-import { bearer, sameSecret } from '../server/auth.js';
+import { sameSecret } from '../server/auth.js';
+import { oneBearer } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 
 const route: FastifyPluginAsync = async (app) => {
   app.get('/metrics', async (request, reply) => {
     const { config, metrics } = app.gateway;
     if (config.metrics.token) {
-      const token = bearer(request.headers.authorization);
+      const token = oneBearer(request, 'admin_token_required');
       if (!token || !sameSecret(token, config.metrics.token)) {
         throw new GatewayError('admin_token_required', 'metrics need "Authorization: Bearer <metrics.token>"');
       }

@@ -10,17 +10,29 @@ declare module 'fastify' {
   }
 }
 
+/** Every Authorization header the request sent (Node keeps only the first in `headers`). */
+export function authorizationSent(request: FastifyRequest): string | string[] | undefined {
+  return request.raw.headersDistinct?.authorization ?? request.headers.authorization;
+}
+
+/** The one bearer token of a request; two Authorization headers are refused (`code`), not one picked. */
+export function oneBearer(request: FastifyRequest, code: 'admin_token_required'): string | null {
+  const sent = authorizationSent(request);
+  if (Array.isArray(sent) && sent.length > 1) throw new GatewayError(code, `Authorization sent ${sent.length} times: send one token`);
+  return bearer(sent);
+}
+
 export async function requireClient(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
-  request.principal = await request.server.gateway.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization);
+  request.principal = await request.server.gateway.auth.authenticate(authorizationSent(request));
 }
 
 export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
   const gw = request.server.gateway;
-  const token = bearer(request.headers.authorization);
+  const token = oneBearer(request, 'admin_token_required');
   if (!token) throw new GatewayError('admin_token_required', 'the operator API needs "Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>"');
   if (gw.adminToken && sameSecret(token, gw.adminToken)) return;
   // A client key is a known identity without the right to change limits (SPEC §6): 403.
-  const client = await gw.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization).catch(() => null);
+  const client = await gw.auth.authenticate(authorizationSent(request)).catch(() => null);
   if (client && (client.keyId !== null || !gw.auth.open)) {
     throw new GatewayError('forbidden', 'client keys cannot use the operator API');
   }

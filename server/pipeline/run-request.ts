@@ -21,6 +21,7 @@ import { sseData } from './sse.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
+import { authorizationSent } from '../auth-hooks.js';
 
 function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
   const h: Record<string, string | string[]> = {
@@ -53,7 +54,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
   const valid = validateRequest(kind, request.body);
   request.routedModel = valid.model;
-  const principal = await gw.auth.authenticate(request.raw.headersDistinct?.authorization ?? request.headers.authorization);
+  const principal = await gw.auth.authenticate(authorizationSent(request));
   request.principal = principal;
   const headers = planHeaders(request.raw);
   const planOnce = () => planRequest(gw, valid, principal, headers);

@@ -214,6 +214,18 @@ t.test('the operator API cannot be reached around its token: a percent-encoded p
     socket.on('error', reject);
   });
   t.match(raw, /^HTTP\/1\.1 401 /, 'absolute form without a token');
+  // Two Authorization headers, the admin token first: refused, not the first one taken.
+  const twice = await new Promise<string>((resolve, reject) => {
+    const socket = connect(Number(port), '127.0.0.1', () =>
+      socket.write(`GET /admin/tenants/alice/spend HTTP/1.1\r\nHost: x\r\nAuthorization: ${ADMIN.authorization}\r\nAuthorization: Bearer ${ALICE}\r\nConnection: close\r\n\r\n`),
+    );
+    let text = '';
+    socket.on('data', (b) => (text += b.toString()));
+    socket.on('end', () => resolve(text));
+    socket.on('error', reject);
+  });
+  t.match(twice, /^HTTP\/1\.1 401 /, 'two Authorization headers');
+  t.match(twice, /Authorization sent 2 times: send one token/);
   const spend = await call(gw.url, 'GET', '/admin/tenants/alice/spend', { authorization: `Bearer ${ADMIN}` });
   t.not((spend.body as { monthly_budget_usd: unknown }).monthly_budget_usd, null, "alice's budget is still there");
 });
