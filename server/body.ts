@@ -110,12 +110,7 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       finish(err);
     };
     if (declared > maxBodyBytes) refuseEarly(tooLarge(declared, true));
-    // A compressed body would be read as JSON and refused with its binary quoted back; one said to
-    // be compressed but sent plain would pass. Either way the client is told what to change.
-    const encoding = request.headers['content-encoding'];
-    if (!finished && encoding !== undefined && encoding.trim().toLowerCase() !== 'identity' && encoding.trim() !== '') {
-      refuseEarly(new GatewayError('invalid_request', `content-encoding: "${encoding}" is not supported: send the body uncompressed`, {}, 'content-encoding'));
-    }
+
     payload.on('data', (chunk: Buffer) => {
       if (finished) return;
       total += chunk.length;
@@ -130,6 +125,13 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     payload.on('error', (err) => finish(err));
     payload.on('end', () => {
       if (over) return finish(tooLarge(total, true));
+      // A compressed body would be read as JSON and refused with its binary quoted back; one said to
+      // be compressed but sent plain would pass. Either way the client is told what to change
+      // (after the size: SPEC §11 puts body_too_large first).
+      const encoding = request.headers['content-encoding']?.trim();
+      if (encoding && encoding.toLowerCase() !== 'identity') {
+        return finish(new GatewayError('invalid_request', `content-encoding: "${encoding}" is not supported: send the body uncompressed`, {}, 'content-encoding'));
+      }
       const text = Buffer.concat(chunks, total).toString('utf8');
       // An empty body is no body (a DELETE sent with a JSON content type); routes that need one say so.
       if (text.trim() === '') return finish(null, undefined);

@@ -174,6 +174,10 @@ t.test('a compressed body, or a content-type that is no media type, is a 400 say
   t.equal(odd.status, 400);
   t.match(odd.body.error, { code: 'invalid_request', param: 'content-type', message: /content-type: "application\/json, text\/plain" cannot be read as a media type/ });
   t.equal(upstream.requests.length, 1, 'only the identity request reached the upstream');
+  // The size comes first (SPEC §11): a compressed body over the limit is a 413.
+  const small = await setup(t, { maxBodyBytes: 100 });
+  const big = await fetch(`${small.gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: 'x'.repeat(200) });
+  t.equal(big.status, 413);
 });
 
 t.test('admission applies the body limit to the request inside, with the real request envelope', async (t) => {
