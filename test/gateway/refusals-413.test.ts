@@ -176,7 +176,9 @@ t.test('a compressed body, or a content-type that is no media type, is a 400 say
   t.equal(upstream.requests.length, 1, 'only the identity request reached the upstream');
   // The size comes first (SPEC §11): a compressed body over the limit is a 413.
   const small = await setup(t, { maxBodyBytes: 100 });
-  const big = await fetch(`${small.gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: 'x'.repeat(200) });
+  // Chunked, so its size is known only once it is read.
+  const chunked = new ReadableStream<Uint8Array>({ start: (c) => (c.enqueue(new TextEncoder().encode('x'.repeat(200))), c.close()) });
+  const big = await fetch(`${small.gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' }, body: chunked, duplex: 'half' } as RequestInit);
   t.equal(big.status, 413);
 });
 
