@@ -53,8 +53,12 @@ export function evidenceExcerpt(messages: readonly ChatMessage[], maxBytes = 819
   const caps = shareRoom(shown.map((it) => utf8Bytes(it.body)), Math.max(0, room));
   const parts = [EXCERPT_FIRST_LINE];
   if (omitted > 0) parts.push(omittedNote(omitted));
-  shown.forEach((it, i) => parts.push(it.heading + cutBody(it.body, caps[i]!)));
-  // The parts are sized to fit; the final cut only guards against rounding in the shares.
+  // Quoted tool-call markup is made inert — once cut, so a huge result is not scanned whole: the
+  // excerpt is a final turn's answer, and a final turn passes no tool call out, not even one a
+  // fetched page wrote (SPEC §5).
+  shown.forEach((it, i) => parts.push(defangMarkup(it.heading + cutBody(it.body, caps[i]!))));
+  // The parts are sized to fit; the final cut guards against rounding in the shares, and against
+  // the few bytes a look-alike character adds.
   return truncateUtf8(parts.join(''), maxBytes);
 }
 
@@ -66,11 +70,9 @@ function collectItems(messages: readonly ChatMessage[]): Item[] {
       const n = items.length + 1;
       const args = truncateUtf8(call.arguments.replace(/\s+/g, ' ').trim(), ARGS_BYTES);
       const shortened = args.length < call.arguments.trim().length ? '…' : '';
-      // Quoted tool-call markup is made inert: the excerpt is a final turn's answer, and a final
-      // turn passes no tool call out, not even one a fetched page wrote (SPEC §5).
-      const text = defangMarkup(messageText(messages[call.resultIndex]!.content));
+      const text = messageText(messages[call.resultIndex]!.content);
       items.push({
-        heading: defangMarkup(`\n\n[${n}] tool ${call.name || '(unnamed)'}, arguments ${args || '(none)'}${shortened}\n`),
+        heading: `\n\n[${n}] tool ${call.name || '(unnamed)'}, arguments ${args || '(none)'}${shortened}\n`,
         body: text === '' ? '(empty result)' : text,
       });
     }

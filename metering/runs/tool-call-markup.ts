@@ -162,11 +162,16 @@ function earliestOpen(s: string): { at: number; marker: Marker } | null {
   return best;
 }
 
-/** Length of the longest tail of `s` that is a proper prefix of some opening tag. */
+/**
+ * Length of the longest tail of `s` that is a proper prefix of some opening tag. Every tag opens
+ * with `<` or `[`: only tails that start with one are tried.
+ */
 function partialOpenLength(s: string): number {
-  for (let k = Math.min(s.length, LONGEST_OPEN - 1); k > 0; k--) {
-    const tail = s.slice(s.length - k);
-    if (MARKERS.some((m) => m.open.length > k && m.open.startsWith(tail))) return k;
+  for (let at = Math.max(0, s.length - (LONGEST_OPEN - 1)); at < s.length; at++) {
+    const c = s.charCodeAt(at);
+    if (c !== 0x3c && c !== 0x5b) continue;
+    const tail = s.slice(at);
+    if (MARKERS.some((m) => m.open.length > tail.length && m.open.startsWith(tail))) return tail.length;
   }
   return 0;
 }
