@@ -65,7 +65,7 @@ t.test('CR-only line ends: an event is given out by the read that completes it',
   t.same(q.push(Buffer.from('\ndata: {"error":{"message":"x"}}\r\n\r\n')), [{ data: '{"error":{"message":"x"}}', raw: 'event: error\ndata: {"error":{"message":"x"}}', event: 'error' }]);
 });
 
-t.test('an event read in many pieces is whole once its blank line comes; held pieces are not scanned again', async (t) => {
+t.test('an event read in many pieces is whole once its blank line comes, the blank line itself split across reads', async (t) => {
   const p = new SseParser();
   const content = 'x'.repeat(100_000);
   const event = `data: {"choices":[{"index":0,"delta":{"content":"${content}"}}]}`;
