@@ -175,7 +175,7 @@ const route: FastifyPluginAsync = async (app) => {
     const until = timeParam(request.query.until, 'until');
     const rows = ledger().exportRows(since, until)[Symbol.asyncIterator]();
     // The first page is read before the head is written: a store that fails at once is answered
-    // as any error is (a 500 in the envelope), not with a 200 that never ends.
+    // like every other error (a 500 in the envelope), not with a 200 that never ends.
     let next = await rows.next();
     reply.hijack();
     const raw = reply.raw;
