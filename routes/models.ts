@@ -1,6 +1,6 @@
 // GET /v1/models — the union of the configured upstreams' models, each with its upstream, billing
 // and context window (null when not known). Patterns (`gpt-*`) are listed as they are configured.
-// GET /v1/models/{model} — one model name as the gateway would route it (the SDKs' `retrieve`):
+// GET /v1/models/{model} — one model name (slashes and all) as the gateway would route it (the SDKs' `retrieve`):
 // any name a pattern takes is served, so a client can check a name before using it.
 
 import type { FastifyPluginAsync } from 'fastify';
@@ -29,9 +29,11 @@ const route: FastifyPluginAsync = async (app) => {
     return { object: 'list', data };
   });
 
-  app.get<{ Params: { model: string } }>('/v1/models/:model', { preHandler: requireClient }, async (request) => {
+  // The rest of the path, slashes and all: OpenRouter's `anthropic/claude-3.5-sonnet` is one name
+  // (the JS SDK sends it encoded, curl and other clients as it is).
+  app.get<{ Params: { '*': string } }>('/v1/models/*', { preHandler: requireClient }, async (request) => {
     const gw = app.gateway;
-    const id = request.params.model;
+    const id = request.params['*'];
     const u = gw.upstreams.route(id);
     if (!u) throw new GatewayError('model_not_found', `The model \`${id}\` does not exist or is not served by this gateway`, {}, 'model');
     return modelEntry(id, u, await gw.counters.contextWindow(u, id));

@@ -61,6 +61,20 @@ t.test('GET /v1/models/{model}: a name a pattern takes is served', async (t) => 
   t.equal((await fetch(`${gw.url}/v1/models/claude-x`)).status, 404);
 });
 
+t.test('GET /v1/models/{model}: a name with a slash, sent encoded (the SDK) or as it is (curl)', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url, { models: ['anthropic/claude-3.5-sonnet', 'meta-llama/*'] })] });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  t.match(await client.models.retrieve('anthropic/claude-3.5-sonnet'), { id: 'anthropic/claude-3.5-sonnet', upstream: 'openai' });
+  const plain = await fetch(`${gw.url}/v1/models/meta-llama/llama-3.1-8b`);
+  t.equal(plain.status, 200);
+  t.match(await plain.json(), { id: 'meta-llama/llama-3.1-8b', upstream: 'openai' });
+  const missing = await fetch(`${gw.url}/v1/models/anthropic/claude-9`);
+  t.equal(missing.status, 404);
+  t.match(await missing.json(), { error: { code: 'model_not_found' } });
+});
+
 t.test('/healthz answers; /readyz reports the store and each upstream reachable or not', async (t) => {
   const openai = await startOpenAiDouble();
   t.teardown(openai.close);
