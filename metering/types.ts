@@ -98,7 +98,7 @@ export interface ChatCount {
   upperBound: boolean;
   /** Whether the text alone is an upper bound (a second, exact count can help); default `upperBound`. */
   textUpperBound?: boolean;
-  /** The image parts of the prompt, when it has any: their share of `tokens`, and the least they can cost. */
+  /** The image parts of the prompt, when it has some: their share of `tokens`, and the least they can cost. */
   images?: ImageCount;
 }
 
