@@ -9,7 +9,7 @@ const route: FastifyPluginAsync = async (app) => {
   app.get('/metrics', async (request, reply) => {
     const { config, metrics } = app.gateway;
     if (config.metrics.token) {
-      const token = oneBearer(request, 'admin_token_required');
+      const token = oneBearer(request);
       if (!token || !sameSecret(token, config.metrics.token)) {
         throw new GatewayError('admin_token_required', 'metrics need "Authorization: Bearer <metrics.token>"');
       }

@@ -15,10 +15,10 @@ export function authorizationSent(request: FastifyRequest): string | string[] | 
   return request.raw.headersDistinct?.authorization ?? request.headers.authorization;
 }
 
-/** The one bearer token of a request; two Authorization headers are refused (`code`), not one picked. */
-export function oneBearer(request: FastifyRequest, code: 'admin_token_required'): string | null {
+/** The one bearer token of an operator or metrics request; two Authorization headers are refused, not one picked. */
+export function oneBearer(request: FastifyRequest): string | null {
   const sent = authorizationSent(request);
-  if (Array.isArray(sent) && sent.length > 1) throw new GatewayError(code, `Authorization sent ${sent.length} times: send one token`);
+  if (Array.isArray(sent) && sent.length > 1) throw new GatewayError('admin_token_required', `Authorization sent ${sent.length} times: send one token`);
   return bearer(sent);
 }
 
@@ -28,7 +28,7 @@ export async function requireClient(request: FastifyRequest, _reply: FastifyRepl
 
 export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
   const gw = request.server.gateway;
-  const token = oneBearer(request, 'admin_token_required');
+  const token = oneBearer(request);
   if (!token) throw new GatewayError('admin_token_required', 'the operator API needs "Authorization: Bearer <TOLLGATE_ADMIN_TOKEN>"');
   if (gw.adminToken && sameSecret(token, gw.adminToken)) return;
   // A client key is a known identity without the right to change limits (SPEC §6): 403.

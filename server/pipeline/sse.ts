@@ -79,7 +79,7 @@ export class SseParser {
       return [];
     }
     const events: SseEvent[] = [];
-    const buf = (this.held.length === 0 ? '' : this.held.length === 1 ? this.held[0]! : this.held.join('')) + text;
+    const buf = this.held.join('') + text;
     let start = 0;
     // What was held has no blank line in it: the search starts at its last character.
     let from = Math.max(0, this.heldChars - 1);
@@ -93,7 +93,7 @@ export class SseParser {
     if (rest.length > MAX_EVENT_CHARS) throw new SseEventTooLarge();
     if (final && rest.trim().length > 0) events.push(parseEvent(rest.replace(/\n+$/, '')));
     this.held = final || rest.length === 0 ? [] : [rest];
-    this.heldChars = this.held.length === 0 ? 0 : rest.length;
+    this.heldChars = final ? 0 : rest.length;
     return events;
   }
 }
