@@ -16,6 +16,8 @@ export interface ToolCall {
   id?: string;
   type?: string;
   function?: { name?: string; arguments?: string };
+  /** Another kind of call (`custom: {name, input}`), keyed by its `type`. */
+  [k: string]: unknown;
 }
 
 export type ContentPart = { type: string; text?: string; [k: string]: unknown };

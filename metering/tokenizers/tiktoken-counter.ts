@@ -475,16 +475,33 @@ function messageRecipe(message: ChatMessage): Recipe {
   const content = message.content;
   if (typeof content === 'string') r.texts.push(content);
   else if (Array.isArray(content)) {
-    // Image parts are counted per request, by imagesOf.
-    for (const part of content) if (typeof part.text === 'string') r.texts.push(part.text);
+    // Image parts are counted per request, by imagesOf. An assistant's refusal part is text it wrote.
+    for (const part of content) {
+      if (typeof part.text === 'string') r.texts.push(part.text);
+      else if (typeof part.refusal === 'string') r.texts.push(part.refusal);
+    }
   }
+  // An earlier answer's refusal, sent back in the history, is read again like its content.
+  if (typeof message.refusal === 'string') r.texts.push(message.refusal);
   if (typeof message.name === 'string') {
     r.texts.push(message.name);
     r.fixed += PER_NAME;
   }
   for (const call of message.tool_calls ?? []) {
     r.fixed += PER_TOOL_CALL;
-    r.texts.push(call.function?.name ?? '', call.function?.arguments ?? '');
+    if (call.function === undefined && call.type !== undefined && call.type !== 'function') {
+      // A custom tool's call (`custom: {name, input}`): its name and free-form input.
+      const own = call[call.type];
+      const def = typeof own === 'object' && own !== null ? (own as Record<string, unknown>) : {};
+      r.texts.push(stringOr(def.name), stringOr(def.input));
+    } else r.texts.push(stringOr(call.function?.name), stringOr(call.function?.arguments));
+  }
+  // A legacy `function_call` written by the assistant is read again like a tool call.
+  const legacy = message.function_call;
+  if (legacy !== null && typeof legacy === 'object') {
+    const fn = legacy as Record<string, unknown>;
+    r.fixed += PER_TOOL_CALL;
+    r.texts.push(stringOr(fn.name), stringOr(fn.arguments));
   }
   // `tool_call_id` is routing metadata the model never reads: not counted.
   return r;

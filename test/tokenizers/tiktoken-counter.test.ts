@@ -278,6 +278,37 @@ t.test('content parts, names and tool calls are counted; tool_call_id is not', a
   t.ok(call.tokens > noCall.tokens + 3);
 });
 
+t.test('an assistant history is read again whole: refusals, custom tool calls and legacy function calls count', async (t) => {
+  const model = 'gpt-4o';
+  const counter = counterFor(model);
+  const enc = get_encoding('o200k_base');
+  const tokens = (text: string) => enc.encode_ordinary(text).length;
+  t.teardown(() => enc.free());
+  const bare = (await counter.countChat({ model, messages: [{ role: 'assistant', content: null }] })).tokens;
+  const refusal = "I'm sorry, but I can't help with planning that, as it would put other people at risk.";
+  const refusalField = await counter.countChat({ model, messages: [{ role: 'assistant', content: null, refusal }] });
+  t.equal(refusalField.tokens, bare + tokens(refusal), 'the refusal field, as text');
+  const refusalPart = await counter.countChat({ model, messages: [{ role: 'assistant', content: [{ type: 'refusal', refusal }] }] });
+  t.equal(refusalPart.tokens, bare + tokens(refusal), 'a refusal content part, as text');
+  const input = 'SELECT name, total FROM orders WHERE total > 100 ORDER BY total DESC LIMIT 25';
+  const custom = await counter.countChat({
+    model,
+    messages: [{ role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'custom', custom: { name: 'run_sql', input } }] }],
+  });
+  t.equal(custom.tokens, bare + 3 + tokens('run_sql') + tokens(input), 'a custom call: its name and input, with a call\'s framing');
+  const args = '{"location":"San Francisco, CA","unit":"celsius","days":5}';
+  const legacy = await counter.countChat({
+    model,
+    messages: [{ role: 'assistant', content: null, function_call: { name: 'get_current_weather', arguments: args } }],
+  });
+  t.equal(legacy.tokens, bare + 3 + tokens('get_current_weather') + tokens(args), 'a legacy function_call, like a tool call');
+  const odd = await counter.countChat({
+    model,
+    messages: [{ role: 'assistant', content: null, function_call: { name: 7 }, tool_calls: [{ type: 'custom', custom: null }] }],
+  });
+  t.equal(odd.tokens, bare + 6, 'odd shapes count their framing and never throw');
+});
+
 t.test('pathological runs are split: labelled upper bound, never below the exact count', async (t) => {
   const model = 'gpt-4o';
   const counter = counterFor(model);
