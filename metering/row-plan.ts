@@ -1,7 +1,7 @@
 // The rows of a request and the output it may generate (SPEC §1, §11). A row is one prompt the
 // model reads in full: a chat request is one row; a completions `prompt` array or an embeddings
 // `input` array is one row per element. Counting is the counter's job; everything else is pure.
-import type { ChatCount, ChatPrompt, CountMethod, TokenCounter } from './types.js';
+import type { ChatCount, ChatPrompt, CountMethod, TextCount, TokenCounter } from './types.js';
 
 export type PlanEndpoint = 'chat' | 'completions' | 'embeddings';
 
@@ -42,6 +42,8 @@ export interface CountRequest {
   template?: ChatPrompt['template'];
   known?: ChatPrompt['known'];
   prompt?: unknown;
+  /** Completions: text the model reads after every prompt (insertion), counted into each row. */
+  suffix?: unknown;
   input?: unknown;
 }
 
@@ -92,21 +94,22 @@ export async function countRows(
   const rowUpperBound: boolean[] = [];
   let countMethod: CountMethod = counter.method;
   let upperBound = false;
-  for (const row of rows) {
-    if (row.kind === 'tokens') {
-      // Token ids are counted by length; the label stays the counter's (SPEC §11).
-      rowTokens.push(row.length);
-      rowUpperBound.push(false);
-      continue;
-    }
-    const c = await counter.countText(row.text, signal);
-    rowTokens.push(c.tokens);
-    rowUpperBound.push(c.upperBound);
-    // One label for the request: an upper bound in any row makes the sum an upper bound.
+  // One label for the request: an upper bound in any row makes the sum an upper bound.
+  const bound = (c: TextCount) => {
     if (c.upperBound && !upperBound) {
       upperBound = true;
       countMethod = c.method;
     }
+  };
+  // A completions `suffix` is read with every prompt (insertion mode): each row carries it.
+  const suffix = kind === 'completions' && typeof request.suffix === 'string' && request.suffix !== '' ? await counter.countText(request.suffix, signal) : null;
+  if (suffix) bound(suffix);
+  for (const row of rows) {
+    const c = row.kind === 'tokens' ? { tokens: row.length, upperBound: false } : await counter.countText(row.text, signal);
+    // Token ids are counted by length; the label stays the counter's (SPEC §11).
+    if (row.kind === 'text') bound(c as TextCount);
+    rowTokens.push(c.tokens + (suffix?.tokens ?? 0));
+    rowUpperBound.push(c.upperBound || (suffix?.upperBound ?? false));
   }
   return { rowTokens, countMethod, upperBound, rowUpperBound, rowImageSlack: rowTokens.map(() => 0), textUpperBound: upperBound, chat: null };
 }

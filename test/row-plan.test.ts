@@ -49,6 +49,21 @@ t.test('countRows: one row per element; token arrays count by length; label stay
   t.equal(chat.chat?.prefix.length, 2);
 });
 
+t.test('countRows: a completions suffix is read with every prompt, so every row carries it', async (t) => {
+  const counter = new TiktokenCounter('o200k_base', { cache: new TokenCache() });
+  const suffix = '\n\nreturn result\n\n# Tests follow below; the function above must pass them all.';
+  const alone = await countRows('completions', 'gpt-4o', { prompt: suffix }, counter);
+  const head = await countRows('completions', 'gpt-4o', { prompt: 'def add(a, b):' }, counter);
+  const c = await countRows('completions', 'gpt-4o', { prompt: ['def add(a, b):', [1, 2, 3]], suffix }, counter);
+  t.same(c.rowTokens, [head.rowTokens[0]! + alone.rowTokens[0]!, 3 + alone.rowTokens[0]!]);
+  t.equal(c.countMethod, 'tiktoken:o200k_base');
+  const long = await countRows('completions', 'gpt-4o', { prompt: ['a', 'b'], suffix: 'z'.repeat(3000) }, counter);
+  t.same(long.rowUpperBound, [true, true], 'a suffix counted at most makes every row an upper bound');
+  t.equal(long.countMethod, 'tiktoken:o200k_base:upper-bound');
+  const embeddings = await countRows('embeddings', 'gpt-4o', { input: 'a', suffix }, counter);
+  t.same(embeddings.rowTokens, [1], 'embeddings have no suffix');
+});
+
 t.test('plan totals: rows, sum, longest row and its index', async (t) => {
   const p = planRows({ ...base, kind: 'completions', rowTokens: [5, 40, 7, 40] });
   t.equal(p.rows, 4);

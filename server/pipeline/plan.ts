@@ -174,7 +174,7 @@ async function countAll(
   const body = valid.body;
   const request =
     valid.kind !== 'chat'
-      ? { prompt: body.prompt, input: body.input }
+      ? { prompt: body.prompt, suffix: body.suffix, input: body.input }
       : finalMessages
         ? { messages: finalMessages, template: templateFields(body, true) }
         : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, template: templateFields(body, false), known };
