@@ -41,6 +41,12 @@ export interface Reservation {
   keepTokens?: number;
   /** Worst case in USD (whole prompt uncached + whole allowance, list price); null = not money. */
   worstCaseUsd: number | null;
+  /**
+   * Money of a cost nothing can bound beforehand: a metered model without a price, sent because the
+   * operator allows unpriced models (`worstCaseUsd` null). It starts only while every money limit
+   * over it still has room; its provider's figure then counts when it settles. Not stored.
+   */
+  costUnknown?: boolean;
   /** 'YYYY-MM' in UTC: the month the spend counts in. */
   month: string;
 }
@@ -61,7 +67,8 @@ export type AdmitRefusal =
       /** Worst cases reserved by requests still in flight, counted against it too. */
       reservedUsd: number;
       limitUsd: number;
-      neededUsd: number;
+      /** The request's worst case; null when its cost is unknown (`costUnknown`). */
+      neededUsd: number | null;
     }
   /** More than `limitAncestors` conversations above this one (parent, its parent, …): ADR 0018. */
   | { ok: false; scope: 'nesting'; limitAncestors: number };

@@ -32,7 +32,8 @@ export interface MoneyRefusalInput {
   /** Reserved by requests still in flight (default 0): counted against the limit, not yet spent. */
   reservedUsd?: number;
   limitUsd: number;
-  neededUsd: number;
+  /** The request's worst case; null when its cost is unknown (a metered model without a price). */
+  neededUsd: number | null;
   cheaperModels: CheaperModel[];
 }
 
@@ -47,7 +48,7 @@ export function raiseToFor(scope: LimitScope, limitUsd: number, spentUsd: number
 
 export function refusalChoices(input: MoneyRefusalInput): RefusalChoices {
   return {
-    raise_to_usd: raiseToFor(input.scope, input.limitUsd, input.spentUsd + (input.reservedUsd ?? 0), input.neededUsd),
+    raise_to_usd: raiseToFor(input.scope, input.limitUsd, input.spentUsd + (input.reservedUsd ?? 0), input.neededUsd ?? 0),
     cheaper_models: input.cheaperModels,
     stop: true,
   };
@@ -75,14 +76,20 @@ function figuresText(...usd: number[]): string[] {
 }
 
 /** The sentence a person reads: which limit, what was spent of it, what this request needs. */
-export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number, reservedUsd = 0): string {
+export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number | null, reservedUsd = 0): string {
   const name = LIMIT_NAME[scope];
+  const month = scope === 'monthly' ? ' this month' : '';
+  if (neededUsd === null) {
+    // Nothing bounds what the request would cost, and nothing of the limit is left for it.
+    const [spent, limit, held] = figuresText(spentUsd, limitUsd, reservedUsd);
+    const holding = reservedUsd > 0 ? ` and ${held} is held by requests still running` : '';
+    return `${name.reached}: spent ${spent} of ${limit}${month}${holding}, and this request's model has no price, so its cost is unknown and it starts only while the limit has room`;
+  }
   // A request larger than the whole limit could never pass, however little was spent: say so.
   if (neededUsd > limitUsd) {
     const [needs, limit] = figuresText(neededUsd, limitUsd);
     return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${limit}`;
   }
-  const month = scope === 'monthly' ? ' this month' : '';
   if (reservedUsd > 0) {
     // Requests still running hold part of the limit: said apart from what was spent.
     const [spent, limit, needs, held] = figuresText(spentUsd, limitUsd, neededUsd, reservedUsd);
@@ -106,11 +113,11 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
       spent_usd: roundUsd(spentUsd),
       reserved_usd: roundUsd(reservedUsd),
       limit_usd: roundUsd(limitUsd),
-      needed_usd: roundUsd(neededUsd),
+      needed_usd: neededUsd === null ? null : roundUsd(neededUsd),
       // The same figures under the names SPEC §6 gives them: spent, cap (or budget), needed — USD.
       spent: roundUsd(spentUsd),
       [scope === 'monthly' ? 'budget' : 'cap']: roundUsd(limitUsd),
-      needed: roundUsd(neededUsd),
+      needed: neededUsd === null ? null : roundUsd(neededUsd),
       choices: refusalChoices(input),
     },
   };

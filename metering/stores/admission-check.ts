@@ -34,14 +34,23 @@ export function reservedTokens(r: Reservation): number {
   return r.promptCharge + r.allowance;
 }
 
+/**
+ * Whether `needed` fits beside what a limit already holds. A cost that is unknown (null) fits only
+ * while some of the limit is left: it can cross the limit once, as the operator allowed, but no
+ * request of unknown cost starts at or past it.
+ */
+function fits(committed: number, needed: number | null, limit: number): boolean {
+  return needed === null ? committed < limit - USD_EPSILON : committed + needed <= limit + USD_EPSILON;
+}
+
 function capRefusal(
   scope: 'conversation' | 'parent',
   s: MoneyScopeState,
-  needed: number,
+  needed: number | null,
 ): AdmitResult | null {
   if (s.capUsd === null) return null;
   const spent = s.spentUsd + s.tasksUsd;
-  if (spent + s.reservedUsd + needed <= s.capUsd + USD_EPSILON) return null;
+  if (fits(spent + s.reservedUsd, needed, s.capUsd)) return null;
   return { ok: false, scope, spentUsd: spent, reservedUsd: s.reservedUsd, limitUsd: s.capUsd, neededUsd: needed };
 }
 
@@ -62,9 +71,10 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
   if (s.budgetTokens !== null && keep > 0 && s.usedTokens + neededTokens + keep > s.budgetTokens) {
     return { ok: false, scope: 'keep', remainingTokens: s.budgetTokens - s.usedTokens, neededTokens, keepTokens: keep };
   }
-  // A request that costs no money (local, plan, or unpriced-allowed) passes every money check.
+  // A request that costs no money (local, plan, an excerpt the gateway writes) passes every money
+  // check; one whose cost is unknown (`costUnknown`) passes those that still have room.
   const needed = r.worstCaseUsd;
-  if (needed === null) return { ok: true };
+  if (needed === null && r.costUnknown !== true) return { ok: true };
   const own = capRefusal('conversation', s.conversation, needed);
   if (own) return own;
   for (const ancestor of s.ancestors) {
@@ -72,8 +82,7 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
     if (refusal) return refusal;
   }
   if (s.monthlyBudgetUsd !== null) {
-    const committed = s.month.spentUsd + s.month.reservedUsd;
-    if (committed + needed > s.monthlyBudgetUsd + USD_EPSILON) {
+    if (!fits(s.month.spentUsd + s.month.reservedUsd, needed, s.monthlyBudgetUsd)) {
       return {
         ok: false,
         scope: 'monthly',

@@ -34,6 +34,7 @@ export function reservationOf(plan: Plan): Reservation {
     allowance: plan.allowance,
     runBudgetTokens: plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget,
     worstCaseUsd: plan.worstCaseUsd,
+    costUnknown: plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly,
     month: plan.month,
     keepTokens: isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0,
   };

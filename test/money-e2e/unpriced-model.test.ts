@@ -49,3 +49,36 @@ t.test('with prices.unpriced "allow" it goes under a cap, and its cost stays unk
   const spend = await call(gw.url, 'GET', '/v1/conversations/capped/spend', { authorization: `Bearer ${ALICE}` });
   t.match(spend.body, { turns: 1, spent_usd: 0, cap_usd: 5 });
 });
+
+t.test('with "allow", a request of unknown cost starts only while its limits have room (regression: spend ran past them)', async (t) => {
+  // The provider says what each turn cost: $0.015, against a cap of $0.02 and a month of $0.03.
+  const { gw, metered } = await moneyWorld(t, { prices: { unpriced: 'allow' }, metered: { providerCost: 0.015 } });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/capped/cap', ADMIN, { cap_usd: 0.02 })).status, 200);
+  const first = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.equal(first.status, 200);
+  t.equal(first.headers.get('x-tollgate-cost-usd'), '0.015', "the provider's figure counts");
+  const second = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.equal(second.status, 200, 'room was left: it starts, and may cross the cap once');
+  const third = await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.equal(third.status, 402, 'past the cap, a turn of unknown cost does not start');
+  const err = (third.body as unknown as ErrorBody).error;
+  t.equal(err.code, 'conversation_cap_reached');
+  t.match(err, { scope: 'conversation', spent_usd: 0.03, limit_usd: 0.02, needed_usd: null });
+  t.match(err.message, /spent \$0\.03 of \$0\.02.*no price, so its cost is unknown/);
+  t.equal(err.choices?.stop, true);
+  t.same(err.choices?.cheaper_models.map((m) => m.model), ['llama-local', 'plan-model'], 'free models are still offered');
+  t.equal(metered.requests.length, 2, 'the refused turn reached no provider');
+  const planned = await admission(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
+  t.same(planned.verdict, { admit: false, status: 402, error: third.body }, '/v1/admission agrees');
+  // A free model still goes past the cap, as it spends no money.
+  const local = await chat(gw, ALICE, { ...ask, model: 'llama-local' }, { 'x-tollgate-conversation': 'capped' });
+  t.equal(local.status, 200);
+
+  // The month: $0.03 budget, two turns spend it, the third is refused in any conversation.
+  t.equal((await call(gw.url, 'PUT', '/admin/tenants/bob/budget', ADMIN, { monthly_budget_usd: 0.03 })).status, 200);
+  t.equal((await chat(gw, BOB, ask, { 'x-tollgate-conversation': 'b1' })).status, 200);
+  t.equal((await chat(gw, BOB, ask, { 'x-tollgate-conversation': 'b2' })).status, 200);
+  const month = await chat(gw, BOB, ask, { 'x-tollgate-conversation': 'b3' });
+  t.equal(month.status, 402);
+  t.match((month.body as unknown as ErrorBody).error, { code: 'monthly_budget_reached', spent_usd: 0.03, needed_usd: null });
+});
