@@ -47,6 +47,11 @@ export interface Reservation {
    * over it still has room; its provider's figure then counts when it settles. Not stored.
    */
   costUnknown?: boolean;
+  /**
+   * Room past the conversation's own cap, USD: what a 402 at that cap offered with a cheaper
+   * metered model (pricing/cheaper-models.ts `roomPastCapUsd`). Not stored.
+   */
+  capRoomUsd?: number;
   /** 'YYYY-MM' in UTC: the month the spend counts in. */
   month: string;
 }
@@ -69,6 +74,8 @@ export type AdmitRefusal =
       limitUsd: number;
       /** The request's worst case; null when its cost is unknown (`costUnknown`). */
       neededUsd: number | null;
+      /** The room past the cap the request was checked with (`capRoomUsd`), when it had some. */
+      roomUsd?: number;
     }
   /** More than `limitAncestors` conversations above this one (parent, its parent, …): ADR 0018. */
   | { ok: false; scope: 'nesting'; limitAncestors: number };

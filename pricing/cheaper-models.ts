@@ -52,6 +52,32 @@ export function meteredAllowanceUsd(limitUsd: number): number {
   return Math.max(MIN_ALLOWANCE_USD, quarter);
 }
 
+/**
+ * The room a request gets past its conversation's own cap for being on a cheaper model (the
+ * `allowance_usd` a 402 at that cap offered with it): a metered model at a third or less of the
+ * price of a model the conversation has already spent money on. 0 for anything else. The room is
+ * one for the conversation: every turn on such a model shares it, and the dearer model stays at
+ * the cap.
+ */
+export function roomPastCapUsd(input: {
+  model: string;
+  price: ModelPrice | null;
+  capUsd: number | null;
+  /** The models the conversation has spent money on, with what each spent. */
+  spentBy: Record<string, { spentUsd: number }>;
+  lookup: (model: string) => ModelPrice | null;
+}): number {
+  const { model, price, capUsd } = input;
+  if (price === null || capUsd === null) return 0;
+  const own = blendedMtok(price);
+  const dearer = Object.entries(input.spentBy).some(([other, s]) => {
+    if (other === model || !(s.spentUsd > 0)) return false;
+    const p = input.lookup(other);
+    return p !== null && own <= blendedMtok(p) * METERED_PRICE_RATIO + 1e-12;
+  });
+  return dearer ? meteredAllowanceUsd(capUsd) : 0;
+}
+
 export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
   const { model, price, candidates, offersTools, scope, limitUsd } = input;
   // Metered choices spend money, so they are offered only where a little room can be given:

@@ -34,6 +34,8 @@ export interface MoneyRefusalInput {
   limitUsd: number;
   /** The request's worst case; null when its cost is unknown (a metered model without a price). */
   neededUsd: number | null;
+  /** Room past the cap the request had, on a cheaper model (ADR 0006). */
+  roomUsd?: number;
   cheaperModels: CheaperModel[];
 }
 
@@ -75,28 +77,36 @@ function figuresText(...usd: number[]): string[] {
   return usd.map(format);
 }
 
-/** The sentence a person reads: which limit, what was spent of it, what this request needs. */
-export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number | null, reservedUsd = 0): string {
+/**
+ * The sentence a person reads: which limit, what was spent of it, what this request needs. `room`:
+ * what a cheaper model had past the cap (ADR 0006), said beside the cap.
+ */
+export function moneyRefusalMessage(scope: LimitScope, spentUsd: number, limitUsd: number, neededUsd: number | null, reservedUsd = 0, roomUsd = 0): string {
   const name = LIMIT_NAME[scope];
   const month = scope === 'monthly' ? ' this month' : '';
-  if (neededUsd === null) {
-    // Nothing bounds what the request would cost, and nothing of the limit is left for it.
-    const [spent, limit, held] = figuresText(spentUsd, limitUsd, reservedUsd);
-    const holding = reservedUsd > 0 ? ` and ${held} is held by requests still running` : '';
-    return `${name.reached}: spent ${spent} of ${limit}${month}${holding}, and this request's model has no price, so its cost is unknown and it starts only while the limit has room`;
-  }
   // A request larger than the whole limit could never pass, however little was spent: say so.
-  if (neededUsd > limitUsd) {
-    const [needs, limit] = figuresText(neededUsd, limitUsd);
-    return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${limit}`;
+  if (neededUsd !== null && neededUsd > limitUsd + roomUsd) {
+    const [needs, limit, room] = figuresText(neededUsd, limitUsd, roomUsd);
+    const withRoom = roomUsd > 0 ? ` and the ${room} of room a cheaper model has past it` : '';
+    return `${name.reached}: this request needs up to ${needs}, more than ${name.whole} of ${limit}${withRoom}`;
   }
-  if (reservedUsd > 0) {
-    // Requests still running hold part of the limit: said apart from what was spent.
-    const [spent, limit, needs, held] = figuresText(spentUsd, limitUsd, neededUsd, reservedUsd);
-    return `${name.reached}: spent ${spent} of ${limit}${month} and ${held} is held by requests still running, this request needs up to ${needs}`;
-  }
-  const [spent, limit, needs] = figuresText(spentUsd, limitUsd, neededUsd);
-  return `${name.reached}: spent ${spent} of ${limit}${month}, this request needs up to ${needs}`;
+  // Only the figures said are formatted together (a figure not said must not add decimals).
+  const said = [spentUsd, limitUsd, ...(neededUsd === null ? [] : [neededUsd]), ...(reservedUsd > 0 ? [reservedUsd] : []), ...(roomUsd > 0 ? [roomUsd] : [])];
+  const text = figuresText(...said);
+  let next = 2;
+  const [spent, limit] = text;
+  const needs = neededUsd === null ? '' : text[next++];
+  const held = reservedUsd > 0 ? text[next++] : '';
+  const room = roomUsd > 0 ? text[next++] : '';
+  const withRoom = roomUsd > 0 ? ` (and ${room} of room past it for a cheaper model)` : '';
+  // Requests still running hold part of the limit: said apart from what was spent.
+  const holding = reservedUsd > 0 ? ` and ${held} is held by requests still running` : '';
+  // Nothing bounds what an unpriced request would cost, and nothing of the limit is left for it.
+  const asks =
+    neededUsd === null
+      ? ", and this request's model has no price, so its cost is unknown and it starts only while the limit has room"
+      : `, this request needs up to ${needs}`;
+  return `${name.reached}: spent ${spent} of ${limit}${withRoom}${month}${holding}${asks}`;
 }
 
 /** `conversation_cap_reached` (own or parent's cap) or `monthly_budget_reached`, 402. */
@@ -106,7 +116,7 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
   return {
     status: 402,
     code: scope === 'monthly' ? 'monthly_budget_reached' : 'conversation_cap_reached',
-    message: moneyRefusalMessage(scope, spentUsd, limitUsd, neededUsd, reservedUsd),
+    message: moneyRefusalMessage(scope, spentUsd, limitUsd, neededUsd, reservedUsd, input.roomUsd ?? 0),
     param: null,
     details: {
       scope,

@@ -121,7 +121,7 @@ const route: FastifyPluginAsync = async (app) => {
     const budgets = await budgetsOf(gw, plan);
     let refusal = allowanceRefusal ?? (await precheck(gw, plan));
     if (!refusal) {
-      const r = checkAdmission(reservationOf(plan), budgets.state);
+      const r = checkAdmission({ ...reservationOf(plan), capRoomUsd: budgets.capRoomUsd }, budgets.state);
       if (!r.ok) refusal = await refusalError(gw, plan, r);
     }
     return {
@@ -146,7 +146,7 @@ const route: FastifyPluginAsync = async (app) => {
       mode: plan.mode,
       final_reason: plan.finalReason,
       // A model that cannot be priced under a money limit is refused whatever it is allowed to write.
-      max_affordable_allowance: (await unpricedUnderLimit(gw, plan)) ? 0 : maxAffordableAllowance(plan, budgets.state),
+      max_affordable_allowance: (await unpricedUnderLimit(gw, plan)) ? 0 : maxAffordableAllowance(plan, budgets.state, budgets.capRoomUsd),
       verdict: verdictOf(refusal),
     };
   });

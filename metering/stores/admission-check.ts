@@ -47,11 +47,12 @@ function capRefusal(
   scope: 'conversation' | 'parent',
   s: MoneyScopeState,
   needed: number | null,
+  room = 0,
 ): AdmitResult | null {
   if (s.capUsd === null) return null;
   const spent = s.spentUsd + s.tasksUsd;
-  if (fits(spent + s.reservedUsd, needed, s.capUsd)) return null;
-  return { ok: false, scope, spentUsd: spent, reservedUsd: s.reservedUsd, limitUsd: s.capUsd, neededUsd: needed };
+  if (fits(spent + s.reservedUsd, needed, s.capUsd + room)) return null;
+  return { ok: false, scope, spentUsd: spent, reservedUsd: s.reservedUsd, limitUsd: s.capUsd, neededUsd: needed, ...(room > 0 ? { roomUsd: room } : {}) };
 }
 
 /** The first budget the reservation would cross, or `{ok: true}`. */
@@ -75,7 +76,7 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
   // check; one whose cost is unknown (`costUnknown`) passes those that still have room.
   const needed = r.worstCaseUsd;
   if (needed === null && r.costUnknown !== true) return { ok: true };
-  const own = capRefusal('conversation', s.conversation, needed);
+  const own = capRefusal('conversation', s.conversation, needed, r.capRoomUsd ?? 0);
   if (own) return own;
   for (const ancestor of s.ancestors) {
     const refusal = capRefusal('parent', ancestor, needed);

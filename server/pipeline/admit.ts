@@ -10,7 +10,7 @@ import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } from '../../pricing/cheaper-models.js';
 import { isToolRound, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
-import { conversationFamily } from './budgets.js';
+import { capRoomOf, conversationFamily } from './budgets.js';
 
 export function reservationOf(plan: Plan): Reservation {
   return {
@@ -96,6 +96,7 @@ export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusa
     reservedUsd: r.reservedUsd,
     limitUsd: r.limitUsd,
     neededUsd: r.neededUsd,
+    roomUsd: r.roomUsd,
     cheaperModels: cheaperModels({
       model: plan.model,
       price: plan.price,
@@ -165,7 +166,13 @@ export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<P
   for (let plans = 1; ; plans++) {
     const early = await precheck(gw, plan);
     if (early) throw early;
-    const result = await gw.ledger.admit(reservationOf(plan));
+    const reservation = reservationOf(plan);
+    let result = await gw.ledger.admit(reservation);
+    if (!result.ok && result.scope === 'conversation') {
+      // At its conversation's own cap, a request on a cheaper model has the room its 402 offered.
+      const room = capRoomOf(gw, plan, await gw.ledger.conversationSpend(plan.conversation));
+      if (room > 0) result = await gw.ledger.admit({ ...reservation, capRoomUsd: room });
+    }
     if (result.ok) {
       gw.inFlight.add(plan.id);
       return plan;

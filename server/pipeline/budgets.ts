@@ -4,8 +4,9 @@
 
 import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
-import { familyOf, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
+import { familyOf, USD_EPSILON, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt, roundUsd } from '../../pricing/model-price.js';
+import { roomPastCapUsd } from '../../pricing/cheaper-models.js';
 import { isToolRound, worstPromptTokens, type Plan } from './plan.js';
 
 interface MoneyView {
@@ -42,6 +43,12 @@ export async function conversationFamily(gw: Gateway, plan: Plan) {
   }
 }
 
+/** The room past its conversation's own cap a request on a cheaper model has (`roomPastCapUsd`). */
+export function capRoomOf(gw: Gateway, plan: Plan, spend: ConversationSpend | null): number {
+  if (plan.upstream.billing !== 'metered' || plan.worstCaseUsd === null || spend === null) return 0;
+  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m) });
+}
+
 export async function budgetsOf(gw: Gateway, plan: Plan) {
   const [{ conv, ancestors, tooDeep }, tenant, month] = await Promise.all([
     conversationFamily(gw, plan),
@@ -75,7 +82,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     parent: above.reduce<MoneyView | null>((tightest, v) => (tightest === null || v.remaining_usd < tightest.remaining_usd ? v : tightest), null),
     monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd, month.reservedUsd),
   };
-  return { state, view };
+  return { state, view, capRoomUsd: capRoomOf(gw, plan, conv) };
 }
 
 /**
@@ -84,7 +91,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
  * (SPEC §11): past that, the request would go as the final answer instead, so the reserve is kept
  * out of its figure. A final answer may use what the run has left.
  */
-export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | null {
+export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd = 0): number | null {
   // Nested too deep: refused whatever it asks for.
   if (s.tooDeep) return 0;
   const per = plan.valid.generations * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
@@ -96,16 +103,19 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState): number | 
     const reserve = isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0;
     limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge - reserve) / per));
   }
+  const rooms: number[] = [];
+  const capRoom = (m: MoneyScopeState | null, extra = 0) => (m && m.capUsd !== null ? m.capUsd + extra - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
+  for (const room of [capRoom(s.conversation, capRoomUsd), ...s.ancestors.map((a) => capRoom(a)), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
+    if (room !== null) rooms.push(room);
+  }
+  // A request of unknown cost (an unpriced model the operator allows) starts only while every
+  // money limit has room; its max_tokens does not change that.
+  if (plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly && rooms.some((r) => r <= USD_EPSILON)) return 0;
   if (plan.price && plan.upstream.billing === 'metered') {
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);
     const rates = ratesAt(plan.price, promptTokens);
     const promptUsd = (promptTokens * rates.input) / 1e6;
-    const rooms: number[] = [];
-    const capRoom = (m: MoneyScopeState | null) => (m && m.capUsd !== null ? m.capUsd - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
-    for (const room of [capRoom(s.conversation), ...s.ancestors.map(capRoom), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
-      if (room !== null) rooms.push(room);
-    }
     for (const room of rooms) {
       limits.push(rates.output > 0 ? Math.floor(((room - promptUsd) * 1e6) / rates.output / per) : Number.MAX_SAFE_INTEGER);
     }

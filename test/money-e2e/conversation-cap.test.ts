@@ -77,6 +77,50 @@ t.test('a cap set before the first request holds, and the 402 offers raise, chea
   t.equal(other.requests.length, 1);
 });
 
+t.test('the cheaper metered model a 402 offers is admitted with the room it was offered with (regression: refused at the cap)', async (t) => {
+  // A run budget large enough that only money refuses the large request below.
+  const keys = [{ key: ALICE, tenant: 'alice', runs: { tokenBudget: null } }];
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 8 }, keys });
+  const conv = { 'x-tollgate-conversation': 'switch' };
+  const body = { model: 'gpt-4o', messages: [{ role: 'user', content: 'word '.repeat(200) }], max_tokens: 100 };
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/switch/cap', ADMIN, { cap_usd: 0.1 })).status, 200);
+  let refused: Awaited<ReturnType<typeof chat>> | null = null;
+  for (let i = 0; i < 50 && !refused; i++) {
+    const r = await chat(gw, ALICE, body, conv);
+    if (r.status === 402) refused = r;
+  }
+  const offer = (refused!.body as unknown as ErrorBody).error.choices!.cheaper_models.find((m) => m.model === 'gpt-4o-mini');
+  t.equal(offer?.allowance_usd, 0.5, 'a quarter of $0.10, at least $0.50');
+
+  // Taking the offer: gpt-4o-mini goes, past the cap, inside the room; the dearer model stays refused.
+  const mini = { ...body, model: 'gpt-4o-mini' };
+  const planned = await admission(gw, ALICE, mini, conv);
+  t.same(planned.verdict, { admit: true, status: 200, error: null }, '/v1/admission says it goes');
+  t.ok(planned.max_affordable_allowance! > 100, `max_affordable_allowance ${planned.max_affordable_allowance} counts the room`);
+  const before = metered.requests.length;
+  for (let i = 0; i < 3; i++) t.equal((await chat(gw, ALICE, mini, conv)).status, 200, `cheaper turn ${i + 1}`);
+  t.equal(metered.requests.length, before + 3);
+  const spend = await call(gw.url, 'GET', '/v1/conversations/switch/spend', { authorization: `Bearer ${ALICE}` });
+  t.equal((spend.body.by_model as Record<string, { turns: number }>)['gpt-4o-mini']?.turns, 3);
+  t.equal((await chat(gw, ALICE, body, conv)).status, 402, 'the dearer model has no room past the cap');
+
+  // A request on the cheaper model larger than the room left is refused, and says the room.
+  const large = await chat(gw, ALICE, { ...mini, max_tokens: 95_000, n: 3 }, conv);
+  t.equal(large.status, 402);
+  const err = (large.body as unknown as ErrorBody).error;
+  t.equal(err.code, 'conversation_cap_reached');
+  t.equal(err.limit_usd, 0.1);
+  t.match(err.message, /of \$0\.10 \(and \$0\.50 of room past it for a cheaper model\), this request needs up to \$0\.57/);
+  const largePlan = await admission(gw, ALICE, { ...mini, max_tokens: 95_000, n: 3 }, conv);
+  t.same(largePlan.verdict, { admit: false, status: 402, error: large.body });
+
+  // No room where the conversation never spent on a dearer model.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/fresh/cap', ADMIN, { cap_usd: 0.0001 })).status, 200);
+  const fresh = await chat(gw, ALICE, mini, { 'x-tollgate-conversation': 'fresh' });
+  t.equal(fresh.status, 402);
+  t.notMatch((fresh.body as unknown as ErrorBody).error.message, /room/);
+});
+
 t.test('a child sent while its parent is past its cap does not start', async (t) => {
   const { gw, metered } = await moneyWorld(t, { metered: { promptTokens: () => 1000, completionTokens: 8 } });
   const small = (model: string) => ({ model, messages: [{ role: 'user', content: 'one more step' }], max_tokens: 1 });
