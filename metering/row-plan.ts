@@ -39,6 +39,7 @@ export interface CountRequest {
   messages?: ChatPrompt['messages'];
   tools?: ChatPrompt['tools'];
   tool_choice?: unknown;
+  format?: unknown;
   template?: ChatPrompt['template'];
   known?: ChatPrompt['known'];
   prompt?: unknown;
@@ -76,6 +77,7 @@ export async function countRows(
     const prompt: ChatPrompt = { model, messages: request.messages ?? [] };
     if (request.tools !== undefined) prompt.tools = request.tools;
     if (request.tool_choice !== undefined) prompt.tool_choice = request.tool_choice;
+    if (request.format !== undefined) prompt.format = request.format;
     if (request.template !== undefined) prompt.template = request.template;
     if (request.known !== undefined) prompt.known = request.known;
     const chat = await counter.countChat(prompt, signal);

@@ -53,6 +53,12 @@ export interface ChatPrompt {
   tools?: ToolDefinition[];
   tool_choice?: unknown;
   /**
+   * The structured-output schema a provider reads with the prompt (`response_format.json_schema`),
+   * counted with the tools as the offer's share. A llama.cpp server makes it a grammar instead,
+   * which the prompt never holds: its counter leaves it out.
+   */
+  format?: unknown;
+  /**
    * The request's other fields that a server rendering its own chat template renders with
    * (`add_generation_prompt`, `chat_template_kwargs`, …: see `TEMPLATE_FIELDS`); llama.cpp's
    * count passes them on, so it stays the server's own.

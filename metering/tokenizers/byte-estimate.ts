@@ -18,7 +18,9 @@ export class ByteEstimateCounter implements TokenCounter {
 
   async countChat(prompt: ChatPrompt): Promise<ChatCount> {
     const offered = prompt.tools ?? [];
-    const tools = offered.length > 0 ? estimateTokens(JSON.stringify(offered)) : 0;
+    const tools =
+      (offered.length > 0 ? estimateTokens(JSON.stringify(offered)) : 0) +
+      (prompt.format !== undefined ? estimateTokens(JSON.stringify(prompt.format) ?? '') : 0);
     const prefix = [tools];
     for (const message of prompt.messages) {
       prefix.push(prefix[prefix.length - 1] + PER_MESSAGE + estimateTokens(JSON.stringify(message)));

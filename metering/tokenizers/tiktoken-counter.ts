@@ -330,9 +330,10 @@ export class TiktokenCounter implements TokenCounter {
       shortTexts: new Map(),
     };
     const offered = prompt.tools ?? [];
-    if (offered.length > 0) {
-      const key = cacheKey(`${this.encoding}:tools`, offered);
-      const tools = this.cached(this.cache.get(key)) ?? { key, recipe: this.toolsRecipe(offered) };
+    const format = prompt.format;
+    if (offered.length > 0 || format !== undefined) {
+      const key = cacheKey(`${this.encoding}:tools`, format === undefined ? offered : { tools: offered, format });
+      const tools = this.cached(this.cache.get(key)) ?? { key, recipe: this.offerRecipe(offered, format) };
       if ('recipe' in tools) addJob(parts, tools);
       parts.list.push(tools);
     } else {
@@ -416,6 +417,17 @@ export class TiktokenCounter implements TokenCounter {
     };
     if (pictures) count.images = pictures;
     return count;
+  }
+
+  /**
+   * The offer read before the messages: the tools (the cookbook's formula), and a structured-output
+   * schema as the JSON the client wrote. How a provider renders a schema is not published; its JSON
+   * is at least as long as the compact forms seen, so it is not counted short.
+   */
+  private offerRecipe(tools: ToolDefinition[], format: unknown): Recipe {
+    const r: Recipe = tools.length > 0 ? this.toolsRecipe(tools) : { fixed: 0, texts: [] };
+    if (format !== undefined) r.texts.push(JSON.stringify(format) ?? '');
+    return r;
   }
 
   private toolsRecipe(tools: ToolDefinition[]): Recipe {

@@ -144,8 +144,19 @@ function toolHashOf(valid: ValidRequest): string {
   const body = valid.body;
   // The legacy `function_call` is the tool choice of a legacy `functions` offer.
   const choice = body.tool_choice ?? body.function_call;
-  if (!valid.tools && choice === undefined) return '';
-  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: choice ?? null }));
+  const format = formatOf(body);
+  if (!valid.tools && choice === undefined && format === undefined) return '';
+  // A structured-output schema is read with the tools, before the messages: part of the offer.
+  const offer = { tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) };
+  return sha256Hex(canonicalJson(offer));
+}
+
+/** The structured-output schema of a chat request (`response_format.json_schema`), if it has one. */
+function formatOf(body: Record<string, unknown>): unknown {
+  const rf = body.response_format;
+  if (rf === null || typeof rf !== 'object') return undefined;
+  const { type, json_schema: schema } = rf as Record<string, unknown>;
+  return type === 'json_schema' && schema !== null && typeof schema === 'object' ? schema : undefined;
 }
 
 /** The request's fields a server's chat template renders with (`TEMPLATE_FIELDS`); a final answer has no tool fields. */
@@ -176,8 +187,8 @@ async function countAll(
     valid.kind !== 'chat'
       ? { prompt: body.prompt, suffix: body.suffix, input: body.input }
       : finalMessages
-        ? { messages: finalMessages, template: templateFields(body, true) }
-        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, template: templateFields(body, false), known };
+        ? { messages: finalMessages, format: formatOf(body), template: templateFields(body, true) }
+        : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, format: formatOf(body), template: templateFields(body, false), known };
   try {
     return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model));
   } catch (err) {

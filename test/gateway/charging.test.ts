@@ -76,6 +76,39 @@ t.test('a shared prefix is charged once; unused output is refunded', async (t) =
   }
 });
 
+t.test('a structured-output schema is read with the prompt: counted, shared while unchanged, charged again when it changes', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const send = client(gw.url);
+  const properties: Record<string, unknown> = {};
+  for (let i = 0; i < 40; i++) properties[`field_${i}`] = { type: 'string', description: `The value of field number ${i} as it appears in the source document.` };
+  const schema = { name: 'extraction', strict: true, schema: { type: 'object', properties, required: Object.keys(properties), additionalProperties: false } };
+  const format = { type: 'json_schema', json_schema: schema };
+  const turn1 = { model: 'gpt-4o', max_tokens: 50, messages: [system, { role: 'user', content: 'Extract the fields from the attached memo.' }] };
+  const plain = await send(turn1, { 'x-tollgate-conversation': 'no-schema' });
+  const withSchema = await send({ ...turn1, response_format: format }, { 'x-tollgate-conversation': 'schema' });
+  t.equal(plain.status, 200);
+  t.equal(withSchema.status, 200);
+  t.same((upstream.requests.at(-1)?.body as Json).response_format, format, 'passed on as sent');
+  const { get_encoding } = await import('@dqbd/tiktoken');
+  const enc = get_encoding('o200k_base');
+  const schemaTokens = enc.encode_ordinary(JSON.stringify(schema)).length;
+  enc.free();
+  t.ok(schemaTokens > 600, `the schema is ${schemaTokens} tokens`);
+  t.equal(withSchema.reserved - plain.reserved, schemaTokens, 'the schema is charged as prompt (it was free)');
+  // The next turn with the same schema shares it with the messages; a changed schema shares nothing.
+  const turn2 = { ...turn1, response_format: format, messages: [...turn1.messages, { role: 'assistant', content: '{}' }, { role: 'user', content: 'Again, please.' }] };
+  const again = await send(turn2, { 'x-tollgate-conversation': 'schema' });
+  t.ok(again.shared > schemaTokens, `shared ${again.shared}: the schema and the leading messages`);
+  const changed = { ...turn2, messages: [...turn2.messages, { role: 'assistant', content: '{}' }, { role: 'user', content: 'Once more.' }], response_format: { type: 'json_schema', json_schema: { ...schema, name: 'extraction_v2' } } };
+  const r3 = await send(changed, { 'x-tollgate-conversation': 'schema' });
+  t.equal(r3.shared, 0, 'a changed schema shares nothing, like a changed tool offer');
+  // json_object carries no schema: nothing to count.
+  const jsonMode = await send({ ...turn1, response_format: { type: 'json_object' } }, { 'x-tollgate-conversation': 'json-mode' });
+  t.equal(jsonMode.reserved, plain.reserved);
+});
+
 t.test('the whole allowance must fit before a request starts', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 100 });
   t.teardown(upstream.close);

@@ -42,3 +42,13 @@ t.test('createCounters: OpenAI names → tiktoken, llama.cpp upstreams → serve
   t.equal(counters.counterFor(openai, 'mistral-large').method, 'estimate:bytes');
   t.equal(counters.fallback.method, 'estimate:bytes');
 });
+
+t.test('a structured-output schema is estimated with the tools, before the messages', async (t) => {
+  const counter = new ByteEstimateCounter();
+  const messages = [{ role: 'user', content: 'Extract the fields.' }];
+  const format = { name: 'extraction', schema: { type: 'object', properties: { a: { type: 'string' } } } };
+  const plain = await counter.countChat({ model: 'x', messages });
+  const shaped = await counter.countChat({ model: 'x', messages, format });
+  t.equal(shaped.prefix[0], Math.ceil(Buffer.byteLength(JSON.stringify(format)) / 4));
+  t.equal(shaped.tokens - plain.tokens, shaped.prefix[0]);
+});
