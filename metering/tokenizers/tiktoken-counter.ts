@@ -450,22 +450,45 @@ export class TiktokenCounter implements TokenCounter {
       const properties = propertiesOf(fn.parameters);
       if (properties.length === 0) continue;
       r.fixed += k.propInit;
-      for (const [key, prop] of properties) {
-        r.fixed += k.propKey;
-        if (Array.isArray(prop.enum)) {
-          r.fixed += k.enumInit;
-          for (const item of prop.enum) {
-            r.fixed += k.enumItem;
-            // An item is a string in the cookbook; anything else a client sends is counted as the
-            // JSON it wrote (`String` throws on an object whose `toString` is not a function).
-            r.texts.push(typeof item === 'string' ? item : JSON.stringify(item));
-          }
-        }
-        r.texts.push(`${key}:${stringOr(prop.type)}:${stripPeriod(stringOr(prop.description))}`);
-      }
+      addProperties(r, k, properties, 0);
     }
     r.fixed += k.funcEnd;
     return r;
+  }
+}
+
+/** Levels of nested parameters counted; deeper ones are not (the body's depth limit bounds them anyway). */
+const MAX_SCHEMA_DEPTH = 32;
+
+/**
+ * The cookbook's figures for a function's properties: a key, its type and description, its enum.
+ * The cookbook stops at the top level; a provider renders nested objects' properties (and an
+ * array's items' properties) too, so each is counted the same way, one level in.
+ */
+function addProperties(r: Recipe, k: ToolConstants, properties: Array<[string, Record<string, unknown>]>, depth: number): void {
+  for (const [key, prop] of properties) {
+    r.fixed += k.propKey;
+    addEnum(r, k, prop.enum);
+    r.texts.push(`${key}:${stringOr(prop.type)}:${stripPeriod(stringOr(prop.description))}`);
+    if (depth + 1 >= MAX_SCHEMA_DEPTH) continue;
+    const items = prop.items !== null && typeof prop.items === 'object' && !Array.isArray(prop.items) ? (prop.items as Record<string, unknown>) : undefined;
+    if (items) addEnum(r, k, items.enum);
+    for (const nested of [propertiesOf(prop), propertiesOf(items)]) {
+      if (nested.length === 0) continue;
+      r.fixed += k.propInit;
+      addProperties(r, k, nested, depth + 1);
+    }
+  }
+}
+
+function addEnum(r: Recipe, k: ToolConstants, values: unknown): void {
+  if (!Array.isArray(values)) return;
+  r.fixed += k.enumInit;
+  for (const item of values) {
+    r.fixed += k.enumItem;
+    // An item is a string in the cookbook; anything else a client sends is counted as the JSON it
+    // wrote (`String` throws on an object whose `toString` is not a function).
+    r.texts.push(typeof item === 'string' ? item : (JSON.stringify(item) ?? ''));
   }
 }
 

@@ -115,6 +115,46 @@ t.test('enum items that are not strings are counted as the JSON the client wrote
   t.equal(odd.method, 'tiktoken:o200k_base');
 });
 
+t.test('nested parameters count like top-level ones: an object\'s properties and an array\'s items (regression: only the top level)', async (t) => {
+  const model = 'gpt-4o';
+  const counter = counterFor(model);
+  const enc = get_encoding('o200k_base');
+  t.teardown(() => enc.free());
+  const tokens = (text: string) => enc.encode_ordinary(text).length;
+  const fields: Record<string, unknown> = {};
+  for (let i = 0; i < 15; i++) fields[`field_${i}`] = { type: 'string', description: `The customer's answer to question ${i} of the intake form.` };
+  const tool = (parameters: Record<string, unknown>): ToolDefinition[] => [{ type: 'function', function: { name: 'save', description: 'Save the form', parameters } }];
+  const flat = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tool({ type: 'object', properties: { form: { type: 'object', description: 'The form' } } }) });
+  const nested = await counter.countChat({
+    model,
+    messages: WEATHER_MESSAGES,
+    tools: tool({ type: 'object', properties: { form: { type: 'object', description: 'The form', properties: fields } } }),
+  });
+  // Each nested property: the cookbook's 3 for a key, and its key:type:description; 3 to open them.
+  let expected = 3;
+  for (const [key, f] of Object.entries(fields)) expected += 3 + tokens(`${key}:string:${(f as { description: string }).description.replace(/\.$/, '')}`);
+  t.equal(nested.tokens - flat.tokens, expected);
+  const list = await counter.countChat({
+    model,
+    messages: WEATHER_MESSAGES,
+    tools: tool({ type: 'object', properties: { form: { type: 'object', description: 'The form' }, rows: { type: 'array', items: { type: 'object', properties: fields } } } }),
+  });
+  const listFlat = await counter.countChat({
+    model,
+    messages: WEATHER_MESSAGES,
+    tools: tool({ type: 'object', properties: { form: { type: 'object', description: 'The form' }, rows: { type: 'array' } } }),
+  });
+  t.equal(list.tokens - listFlat.tokens, expected, "an array's items' properties too");
+  const items = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tool({ type: 'object', properties: { unit: { type: 'array', items: { enum: ['celsius', 'fahrenheit'] } } } }) });
+  const noItems = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tool({ type: 'object', properties: { unit: { type: 'array' } } }) });
+  t.equal(items.tokens - noItems.tokens, -3 + 2 * 3 + tokens('celsius') + tokens('fahrenheit'), "an array's enum items, as the cookbook counts an enum");
+  let deep: Record<string, unknown> = { type: 'string' };
+  // As deep as a body may nest (server/body.ts MAX_JSON_DEPTH): counted to a bounded depth.
+  for (let i = 0; i < 60; i++) deep = { type: 'object', properties: { x: deep } };
+  const bounded = await counter.countChat({ model, messages: WEATHER_MESSAGES, tools: tool(deep) });
+  t.ok(bounded.tokens > flat.tokens && bounded.tokens < flat.tokens + 32 * 10, 'a schema nested 60 deep is counted 32 levels in');
+});
+
 t.test('prefix[k] = tools + first k messages, tokens = prefix[n] + 3', async (t) => {
   const model = 'gpt-4o';
   const counter = counterFor(model);
