@@ -29,6 +29,8 @@ interface ChoiceMeter {
    * more than was reserved).
    */
   cut: boolean;
+  /** Of the prompt a completions request with `echo` has echoed back, what is still to come. */
+  echo: string;
 }
 
 export class OutputMeter {
@@ -44,6 +46,11 @@ export class OutputMeter {
     private readonly counting: OutputCounting,
     private readonly counter: TokenCounter,
     readonly perChoice: number,
+    /**
+     * Completions with `echo`: the prompt a choice's text starts with, which the model read and
+     * did not write. It is passed on uncounted ('' when the prompt is token ids, unknown as text).
+     */
+    private readonly echoOf?: (index: number) => string,
   ) {}
 
   /** How the output was counted, for the ledger's label. */
@@ -53,8 +60,18 @@ export class OutputMeter {
 
   private choice(index: number): ChoiceMeter {
     let c = this.choices.get(index);
-    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false }));
+    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false, echo: this.echoOf?.(index) ?? '' }));
     return c;
+  }
+
+  /** The start of `text` that is the choice's echoed prompt (consumed), and the rest. */
+  private takeEcho(c: ChoiceMeter, text: string): [string, string] {
+    let k = 0;
+    const most = Math.min(text.length, c.echo.length);
+    while (k < most && text.charCodeAt(k) === c.echo.charCodeAt(k)) k++;
+    // Text that parts from the prompt is the model's own: the echo is over.
+    c.echo = k === most ? c.echo.slice(k) : '';
+    return [text.slice(0, k), text.slice(k)];
   }
 
   /**
@@ -66,6 +83,15 @@ export class OutputMeter {
     if (text.length === 0) return true;
     const c = this.choice(index);
     if (c.closed) return false;
+    if (c.echo.length > 0) {
+      const [echoed, written] = this.takeEcho(c, text);
+      if (echoed.length > 0) {
+        const ok = this.add(index, written);
+        // A cut keeps the echoed prompt ahead of what still fits.
+        if (!ok) this.cutText = echoed + this.cutText;
+        return ok;
+      }
+    }
     const bytes = Buffer.byteLength(text, 'utf8');
     switch (this.counting) {
       case 'chunk':

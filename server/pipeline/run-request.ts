@@ -296,7 +296,7 @@ async function relayAdmitted(
       ...admissionHeaders(plan, notices),
       ...extra,
     });
-  const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance);
+  const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance, echoOf(plan));
   const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining);
   upstreamMs = performance.now() - tForward;
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
@@ -405,4 +405,19 @@ async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<stri
   const text = await readText(res.body, ERROR_BODY_BYTES).catch(() => '');
   const key = plan.upstream.apiKey;
   return key && key.length >= 8 ? text.split(key).join('[redacted]') : text;
+}
+
+/**
+ * What each streamed choice of a completions request with `echo` starts with: its prompt (choices
+ * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed.
+ */
+function echoOf(plan: Plan): ((index: number) => string) | undefined {
+  const body = plan.valid.body;
+  if (plan.valid.kind !== 'completions' || body.echo !== true) return undefined;
+  const prompt = body.prompt;
+  const n = plan.valid.n;
+  return (index) => {
+    const p = Array.isArray(prompt) && !prompt.every((x) => typeof x === 'number') ? prompt[Math.floor(index / n)] : prompt;
+    return typeof p === 'string' ? p : '';
+  };
 }

@@ -128,7 +128,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
               message: toolCalls ? { role: 'assistant', content: o.toolCallText ?? null, tool_calls: toolCalls } : { role: 'assistant', content: text },
               finish_reason: toolCalls ? 'tool_calls' : finish,
             }
-          : { index, text, finish_reason: finish },
+          : { index, text: (body.echo === true && typeof body.prompt === 'string' ? body.prompt : '') + text, finish_reason: finish },
       );
       return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, usage });
     }
@@ -153,6 +153,10 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
       ...(padded && choices.length > 0 ? { obfuscation: 'pAd0'.slice(0, 1 + (pads++ % 4)) } : {}),
     });
     if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
+    // A completion with `echo` starts each choice's text with its prompt, read and not written.
+    if (!isChat && body.echo === true && typeof body.prompt === 'string') {
+      for (let index = 0; index < n; index++) send(chunk([{ index, text: body.prompt, finish_reason: null }]));
+    }
     let sent = 0;
     if (toolCalls) {
       if (o.toolCallText) send(chunk([{ index: 0, delta: { content: o.toolCallText }, finish_reason: null }]));

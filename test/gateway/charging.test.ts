@@ -272,3 +272,26 @@ t.test('a reservation past 2^31 tokens, and upstream figures no integer column h
   const rows = await ledgerRows(gw);
   t.same(rows.map((r) => [r.state, r.upstream_prompt_tokens]), [['settled', 1e12], ['settled', null]], 'a count that is no whole number is not recorded as one');
 });
+
+t.test('a streamed completion with echo: the echoed prompt reaches the client uncounted, the answer is metered (regression: cut before it)', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const prompt = 'The quick brown fox jumps over the lazy dog. '.repeat(10);
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-3.5-turbo-instruct', prompt, max_tokens: 5, echo: true, stream: true }),
+  });
+  t.equal(res.status, 200);
+  const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {'));
+  const chunks = events.map((e) => JSON.parse(e.slice(6)) as { choices: Array<{ text: string; finish_reason: string | null }> });
+  const text = chunks.flatMap((c) => c.choices.map((x) => x.text)).join('');
+  t.equal(text, prompt + ' hi'.repeat(5), 'the prompt, then every token of the answer');
+  t.equal(chunks.flatMap((c) => c.choices).at(-1)?.finish_reason, 'stop', "the upstream's own finish, not the gateway's cut");
+  const reserved = Number(res.headers.get('x-tollgate-reserved-tokens'));
+  const rows = await ledgerRows(gw);
+  t.equal(rows.at(-1)?.generated_tokens, 5, 'generated: the answer alone');
+  t.equal(rows.at(-1)?.refund_tokens, 0);
+  t.ok(reserved > 5);
+});

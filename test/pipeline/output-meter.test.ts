@@ -56,3 +56,24 @@ t.test('a piece that crosses the allowance leaves the start that fits in cutText
   t.notOk(long.add(0, 'x'.repeat(5000)));
   t.equal(long.cutText, '');
 });
+
+t.test("a completion's echoed prompt is passed on uncounted; what follows it is metered (regression: cut before the answer)", async (t) => {
+  const prompts = ['The quick brown fox jumps over the lazy dog. '.repeat(8), 'Once upon a time'];
+  const meter = new OutputMeter('tokenizer', counter, 5, (index) => prompts[Math.floor(index / 2)] ?? '');
+  // The echo arrives whole, or in pieces, then the model's own text.
+  t.ok(meter.add(0, prompts[0]!), 'a 80-token echo passes an allowance of 5');
+  t.ok(meter.add(0, ' And'));
+  t.ok(meter.add(1, prompts[0]!.slice(0, 100)));
+  t.ok(meter.add(1, prompts[0]!.slice(100) + ' And then'), 'the echo and the first words in one piece');
+  t.ok(meter.add(2, 'Once upon'));
+  t.ok(meter.add(2, ' a time there was'), 'the rest of the echo, then own text');
+  t.equal(meter.total(), counter.countOutput(' And') + counter.countOutput(' And then') + counter.countOutput(' there was'));
+  // Past the allowance, the cut keeps the echo ahead of what still fits.
+  t.notOk(meter.add(3, 'Once upon a time, in a land far away, there lived a king'));
+  t.equal(meter.cutText, 'Once upon a time' + counter.leadingText(', in a land far away, there lived a king', 5));
+  t.equal(meter.cutText, 'Once upon a time, in a land far');
+  // Text that parts from the prompt ends the echo: a model that does not echo is metered whole.
+  const plain = new OutputMeter('tokenizer', counter, 3, () => 'Hello there');
+  t.ok(plain.add(0, 'Hi'));
+  t.notOk(plain.add(0, ' Hello there friend, how are you'), 'no echo once the text parted from the prompt');
+});
