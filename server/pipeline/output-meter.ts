@@ -202,13 +202,16 @@ export function writtenText(part: Record<string, unknown>): string {
   if (typeof part.refusal === 'string') text += part.refusal;
   if (Array.isArray(part.tool_calls)) {
     // An upstream's malformed entry (null, a string) carries no text to count.
-    for (const call of part.tool_calls as unknown[]) if (call !== null && typeof call === 'object') text += callText((call as Record<string, unknown>).function);
+    // A custom tool's call writes `custom: {name, input}` where a function's writes `function`.
+    for (const call of part.tool_calls as unknown[]) {
+      if (call !== null && typeof call === 'object') text += callText((call as Record<string, unknown>).function) + callText((call as Record<string, unknown>).custom);
+    }
   }
   return text + callText(part.function_call);
 }
 
 function callText(fn: unknown): string {
   if (fn === null || typeof fn !== 'object') return '';
-  const { name, arguments: args } = fn as Record<string, unknown>;
-  return (typeof name === 'string' ? name : '') + (typeof args === 'string' ? args : '');
+  const { name, arguments: args, input } = fn as Record<string, unknown>;
+  return (typeof name === 'string' ? name : '') + (typeof args === 'string' ? args : '') + (typeof input === 'string' ? input : '');
 }

@@ -95,6 +95,19 @@ t.test('legacy `function_call` deltas are metered like tool calls', async (t) =>
   t.equal(row.generated_tokens, 20);
 });
 
+t.test('custom tool call deltas are metered like function calls (regression: uncounted, never cut)', async (t) => {
+  const call = (input: string, first = false) => ({ tool_calls: [{ index: 0, ...(first ? { id: 'call_1', type: 'custom' } : {}), custom: { ...(first ? { name: 'run_sql' } : {}), input } }] });
+  const { gw } = await scripted(t, () => ({
+    stream: true,
+    pieces: [chunk({ role: 'assistant', ...call('', true) }), ...Array.from({ length: 100 }, () => chunk(call(' lorem'))), finish('tool_calls'), DONE],
+  }));
+  const { text } = await post(gw, ask({ stream: true, tools: [{ type: 'custom', custom: { name: 'run_sql', description: 'Run a query' } }] }));
+  const events = dataEvents(t, text);
+  t.equal((events.at(-1)!.choices as Json[])[0]!.finish_reason, 'length', 'cut at the allowance');
+  const [row] = await rows(gw);
+  t.equal(row.generated_tokens, 20);
+});
+
 t.test('a non-streamed answer without usage counts its reasoning, refusal and function call', async (t) => {
   const message = { role: 'assistant', content: 'Yes.', reasoning: ' lorem lorem lorem', refusal: ' ipsum ipsum', function_call: { name: 'lookup', arguments: '{"q":"x"}' } };
   const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify({ ...ID, object: 'chat.completion', choices: [{ index: 0, message, finish_reason: 'stop' }] })] }));
