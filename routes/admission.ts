@@ -12,6 +12,8 @@ import { planRequest } from '../server/pipeline/plan-exact.js';
 import { precheck, refusalError, reservationOf, unpricedUnderLimit } from '../server/pipeline/admit.js';
 import { budgetsOf, maxAffordableAllowance } from '../server/pipeline/budgets.js';
 import { checkAdmission } from '../metering/stores/admission-check.js';
+import { noticeHeader } from '../metering/runs/final-answer.js';
+import { pricierFor } from '../server/pipeline/settle.js';
 import type { ModelPrice } from '../pricing/model-price.js';
 
 /** The plan's fields a request refused before planning finished has no figures for. */
@@ -35,6 +37,7 @@ const NOT_PLANNED = {
   run: null,
   mode: null,
   final_reason: null,
+  notices: null,
   max_affordable_allowance: null,
 } as const;
 
@@ -119,6 +122,7 @@ const route: FastifyPluginAsync = async (app) => {
     }
 
     const budgets = await budgetsOf(gw, plan);
+    const pricier = pricierFor(gw, plan);
     let refusal = allowanceRefusal ?? (await precheck(gw, plan));
     if (!refusal) {
       const r = checkAdmission({ ...reservationOf(plan), capRoomUsd: budgets.capRoomUsd }, budgets.state);
@@ -145,6 +149,9 @@ const route: FastifyPluginAsync = async (app) => {
         : null,
       mode: plan.mode,
       final_reason: plan.finalReason,
+      // What the real request's `x-tollgate-notice` would say at its head — `pricier` before the
+      // dearer model is called, which the real response can only say once it is (seed 004).
+      notices: [...(plan.mode === 'final-answer' && plan.finalReason ? [noticeHeader(plan.finalReason)] : []), ...(pricier ? [pricier] : [])],
       // A model that cannot be priced under a money limit is refused whatever it is allowed to write.
       max_affordable_allowance: (await unpricedUnderLimit(gw, plan)) ? 0 : maxAffordableAllowance(plan, budgets.state, budgets.capRoomUsd),
       verdict: verdictOf(refusal),

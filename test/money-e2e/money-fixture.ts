@@ -120,6 +120,7 @@ export async function admission(gw: TestGateway, key: string, request: Record<st
   return r.body as {
     sum_tokens: number;
     max_affordable_allowance: number | null;
+    notices: string[] | null;
     cost_usd: { worst_case: number | null; price: Record<string, unknown> | null };
     verdict: { admit: boolean; status: number; error: ErrorBody | null };
   };

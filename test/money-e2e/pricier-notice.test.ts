@@ -28,8 +28,13 @@ t.test('a switch to a model whose reply would cost ≥ $0.25 and ≥ 2× the las
     messages: [...first.messages, { role: 'assistant', content: ' hi'.repeat(8) }, { role: 'user', content: 'and now in depth' }],
     max_tokens: 50,
   };
+  // /v1/admission says it before the dearer model is called (seed 004: before an expensive step).
+  const before = metered.requests.length;
+  const planned = await admission(gw, ALICE, second, conv);
+  t.equal(metered.requests.length, before, 'asking calls no model');
   const r2 = await chat(gw, ALICE, second, conv);
   t.equal(r2.status, 200);
+  t.same(planned.notices, [r2.headers.get('x-tollgate-notice')], 'the notice the response then carries');
   const estimate = listUsd('gpt-4o', prompt, 0, 8);
   t.ok(estimate >= 0.25);
   t.equal(r2.headers.get('x-tollgate-notice'), `pricier; estimate_usd=${formatUsdFigure(estimate)}; last_usd=${formatUsdFigure(last)}`);
@@ -37,6 +42,7 @@ t.test('a switch to a model whose reply would cost ≥ $0.25 and ≥ 2× the las
 
   // 3. Staying on it, or going back to the cheap one, says nothing.
   const third = { ...second, messages: [...second.messages, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'more' }] };
+  t.same((await admission(gw, ALICE, third, conv)).notices, []);
   t.equal((await chat(gw, ALICE, third, conv)).headers.get('x-tollgate-notice'), null);
   t.equal((await chat(gw, ALICE, { ...third, model: 'gpt-4o-mini' }, conv)).headers.get('x-tollgate-notice'), null);
 });
