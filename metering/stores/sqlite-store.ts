@@ -101,8 +101,14 @@ export function decodeChain(stored: string): string[] {
   return out;
 }
 
-/** Conversations whose head arrays are kept in memory: a long chain is ~4 KB of strings. */
+/** Conversations whose head arrays are kept in memory. */
 const HEAD_ARRAYS_KEPT = 4096;
+/**
+ * Messages those heads may hold together: a message costs ~120 bytes in memory (its hash and its
+ * count), so a 7,000-message conversation's head is close to a megabyte, and 4,096 of them would
+ * not fit a heap. 262,144 keeps 4,096 conversations of 64 messages (~30 MB).
+ */
+export const HEAD_MESSAGES_KEPT = 262_144;
 
 function headOf(h: Omit<HeadRecord, 'chain' | 'prefix'>, chain: string[], prefix: number[]): ConversationHead {
   return {
@@ -136,6 +142,8 @@ export class SqliteLedger implements Ledger {
   private readonly owner: OwnerLock | null;
   /** Chain and prefix of recently written or read heads (least recently used first). */
   private readonly headArrays = new Map<string, { chain: string[]; prefix: number[]; time: number; lastHash: string }>();
+  /** Messages the kept heads hold together (bounded by HEAD_MESSAGES_KEPT). */
+  private headMessages = 0;
   /**
    * Every head's last chain hash, when this connection is the file's only writer (ADR 0017): a
    * chain none of whose hashes is here ends no head, and its look-up query is skipped. Null when
@@ -401,9 +409,24 @@ export class SqliteLedger implements Ledger {
   }
 
   private rememberHead(conversation: string, chain: string[], prefix: number[], time: number): void {
-    this.headArrays.delete(conversation);
+    const old = this.headArrays.get(conversation);
+    if (old) {
+      this.headArrays.delete(conversation);
+      this.headMessages -= old.chain.length;
+    }
     this.headArrays.set(conversation, { chain, prefix, time, lastHash: chain.length > 0 ? chain[chain.length - 1]! : '' });
-    if (this.headArrays.size > HEAD_ARRAYS_KEPT) this.headArrays.delete(this.headArrays.keys().next().value!);
+    this.headMessages += chain.length;
+    // The least recently used go first; a head longer than the whole budget is not kept at all.
+    while (this.headArrays.size > HEAD_ARRAYS_KEPT || this.headMessages > HEAD_MESSAGES_KEPT) {
+      const [oldest, kept] = this.headArrays.entries().next().value!;
+      this.headArrays.delete(oldest);
+      this.headMessages -= kept.chain.length;
+    }
+  }
+
+  /** What the head cache holds now: conversations, and their messages together. */
+  headCacheSize(): { conversations: number; messages: number } {
+    return { conversations: this.headArrays.size, messages: this.headMessages };
   }
 
   async putHead(h: ConversationHead): Promise<void> {

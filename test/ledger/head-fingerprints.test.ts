@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FingerprintSet } from '../../metering/stores/fingerprint-set.js';
-import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
+import { HEAD_MESSAGES_KEPT, SqliteLedger } from '../../metering/stores/sqlite-store.js';
 import { acquireOwnerLock } from '../../metering/stores/sqlite-owner-lock.js';
 import { conversationHead as head, reservation, settlement } from '../helpers/stores.js';
 
@@ -138,4 +138,25 @@ t.test('past its limit the store lets the fingerprints go and asks SQLite every 
   t.equal(await again.findConversationByChain('key-1', 'acme', ['new']), null);
   t.equal(askedAgain.count, 1);
   t.equal(await again.findConversationByChain('key-1', 'acme', ['c1-h', 'x']), 'c1');
+});
+
+t.test('the head cache is bounded by the messages it holds, not only by conversations (regression: long heads filled the heap)', async (t) => {
+  const ledger = new SqliteLedger({ path: ':memory:' });
+  t.teardown(() => ledger.close());
+  const long = (conversation: string, messages: number) =>
+    head({ conversation, chain: Array.from({ length: messages }, (_, i) => `${conversation}-${i}`), prefix: Array.from({ length: messages + 1 }, (_, i) => i * 10) });
+  // 40 conversations of 7,000 messages each: 280,000 messages, more than the cache keeps.
+  for (let i = 0; i < 40; i++) await ledger.putHead(long(`long-${i}`, 7000));
+  const size = ledger.headCacheSize();
+  t.ok(size.messages <= HEAD_MESSAGES_KEPT, `${size.messages} messages kept`);
+  t.equal(size.conversations, Math.floor(HEAD_MESSAGES_KEPT / 7000), 'the most recent ones that fit');
+  // Evicted or kept, every head reads back whole.
+  for (const c of ['long-0', 'long-39']) t.equal((await ledger.getHead(c))?.chain.length, 7000, c);
+  // A head larger than the whole budget is written and read, and not kept.
+  await ledger.putHead(long('huge', HEAD_MESSAGES_KEPT + 1));
+  t.ok(ledger.headCacheSize().messages <= HEAD_MESSAGES_KEPT);
+  t.equal((await ledger.getHead('huge'))?.chain.length, HEAD_MESSAGES_KEPT + 1);
+  // Short conversations still fill it by count.
+  for (let i = 0; i < 5000; i++) await ledger.putHead(long(`short-${i}`, 2));
+  t.same(ledger.headCacheSize(), { conversations: 4096, messages: 8192 });
 });
