@@ -140,9 +140,17 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
   rows.forEach((r, i) => r.kind === 'tokens' && r.length === 0 && invalid(`${param}[${i}]`, 'must not be an empty list of token ids'));
 }
 
+/**
+ * The longest model name taken (characters). Provider names run to ~80 (`ft:` fine-tunes,
+ * `org/model:variant`); a name is logged, stored per turn and used as a cache key, so a
+ * megabyte-long one is no model (it filled caches and logs a megabyte a request).
+ */
+export const MAX_MODEL_CHARS = 256;
+
 export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest {
   if (!isObject(body)) throw new GatewayError('invalid_request', 'request body must be a JSON object');
   if (typeof body.model !== 'string' || body.model.length === 0) invalid('model', 'must be a non-empty string');
+  if (body.model.length > MAX_MODEL_CHARS) invalid('model', `must be at most ${MAX_MODEL_CHARS} characters (it has ${body.model.length})`);
   const stream = body.stream === undefined || body.stream === null ? false : body.stream;
   if (typeof stream !== 'boolean') invalid('stream', 'must be a boolean');
   const so = body.stream_options;
