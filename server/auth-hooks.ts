@@ -7,7 +7,16 @@ import { GatewayError } from './errors.js';
 declare module 'fastify' {
   interface FastifyRequest {
     principal?: Principal;
+    /** The client key's authentication, started once (by the body parser, or the first stage that asks). */
+    authPending?: Promise<Principal>;
+    /** The body was counted but not kept: its key did not authenticate (server/body.ts). */
+    bodyUnread?: boolean;
   }
+}
+
+/** The request's client principal, authenticated once however many stages ask; rejects with the 401. */
+export function clientPrincipal(request: FastifyRequest): Promise<Principal> {
+  return (request.authPending ??= request.server.gateway.auth.authenticate(authorizationSent(request)));
 }
 
 /** Every Authorization header the request sent (Node keeps only the first in `headers`). */
@@ -23,7 +32,7 @@ export function oneBearer(request: FastifyRequest): string | null {
 }
 
 export async function requireClient(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
-  request.principal = await request.server.gateway.auth.authenticate(authorizationSent(request));
+  request.principal = await clientPrincipal(request);
 }
 
 export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply): Promise<void> {

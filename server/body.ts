@@ -27,6 +27,7 @@ import type { Socket } from 'node:net';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError } from './errors.js';
 import { closeInStages } from './staged-close.js';
+import { clientPrincipal } from './auth-hooks.js';
 
 const DRAIN_FACTOR = 4;
 const MIN_DRAIN_BYTES = 1024 * 1024;
@@ -70,6 +71,13 @@ export function nestedDeeperThan(value: object, levels: number): boolean {
  */
 export const ADMISSION_WRAPPER_BYTES = 64 * 1024;
 
+/**
+ * What is kept of a client route's body once its key is known not to authenticate: the body is
+ * still counted (a 413 goes before a 401, SPEC §2), and a small one still parsed (a 400 too), but
+ * a caller without a key cannot make the gateway hold megabytes for as long as it takes to send them.
+ */
+export const UNAUTHENTICATED_BODY_BYTES = 64 * 1024;
+
 export function registerJsonBodyParser(app: FastifyInstance, limit: number): void {
   // A stopping gateway does not wait for a refused client to finish sending.
   const lingering = new Set<Socket>();
@@ -111,6 +119,26 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     };
     if (declared > maxBodyBytes) refuseEarly(tooLarge(declared, true));
 
+    // A client route's key is checked while its body arrives; once it has failed, the body is
+    // counted and not kept past UNAUTHENTICATED_BODY_BYTES.
+    let keyFailed = false;
+    let unread = false;
+    const dropUnauthenticated = () => {
+      if (keyFailed && !unread && total > UNAUTHENTICATED_BODY_BYTES) {
+        unread = true;
+        chunks.length = 0;
+      }
+    };
+    const keyChecked = request.routeOptions.url?.startsWith('/v1/')
+      ? clientPrincipal(request).then(
+          () => {},
+          () => {
+            keyFailed = true;
+            dropUnauthenticated();
+          },
+        )
+      : null;
+
     payload.on('data', (chunk: Buffer) => {
       if (finished) return;
       total += chunk.length;
@@ -120,11 +148,16 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
         if (total > drain) refuseEarly(tooLarge(drain, false));
         return;
       }
-      chunks.push(chunk);
+      dropUnauthenticated();
+      if (!unread) chunks.push(chunk);
     });
     payload.on('error', (err) => finish(err));
-    payload.on('end', () => {
-      if (over) return finish(tooLarge(total, true));
+    const ended = () => {
+      if (unread) {
+        // Its 401 follows (the route's key check: server/auth-hooks.ts).
+        request.bodyUnread = true;
+        return finish(null, undefined);
+      }
       // A compressed body would be read as JSON and refused with its binary quoted back; one said to
       // be compressed but sent plain would pass. Either way the client is told what to change
       // (after the size: SPEC §11 puts body_too_large first).
@@ -149,6 +182,12 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
         return finish(tooDeep());
       }
       finish(null, body);
+    };
+    payload.on('end', () => {
+      if (over) return finish(tooLarge(total, true));
+      // A large body is parsed only once its key is known to pass (the check takes microseconds).
+      if (keyChecked && total > UNAUTHENTICATED_BODY_BYTES) void keyChecked.then(ended);
+      else ended();
     });
   });
 }

@@ -21,7 +21,7 @@ import { sseData } from './sse.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
-import { authorizationSent } from '../auth-hooks.js';
+import { clientPrincipal } from '../auth-hooks.js';
 
 function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
   const h: Record<string, string | string[]> = {
@@ -51,10 +51,12 @@ function outputCounting(plan: Plan, counterMethod: string): OutputCounting {
 
 export async function handleProxy(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply): Promise<void> {
   const t0 = performance.now();
-  // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked.
+  // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked. (A large
+  // body whose key had already failed was not kept: its 401 is all there is to say.)
+  if (request.bodyUnread) await clientPrincipal(request);
   const valid = validateRequest(kind, request.body);
   request.routedModel = valid.model;
-  const principal = await gw.auth.authenticate(authorizationSent(request));
+  const principal = await clientPrincipal(request);
   request.principal = principal;
   const headers = planHeaders(request.raw);
   const planOnce = () => planRequest(gw, valid, principal, headers);

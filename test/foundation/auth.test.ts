@@ -105,6 +105,32 @@ t.test("SPEC §2's order: a body of the wrong shape is a 400 naming the field, k
   t.equal(upstream.requests.length, 0);
 });
 
+t.test('a body past 64 KiB whose key fails is counted, not kept: a 401 (a 413 past the limit), key or no key', async (t) => {
+  const { upstream, gw } = await withKeys(t);
+  const post = (path: string, body: unknown, headers: Record<string, string>) =>
+    fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  // A megabyte of the wrong shape: with the key it is read, and a 400; without one it is not read.
+  const wrong = { model: 'gpt-4o-mini', messages: 'x'.repeat(1024 * 1024) };
+  const withKey = await post('/v1/chat/completions', wrong, { authorization: `Bearer ${KEY}` });
+  t.equal(withKey.status, 400);
+  t.match(await withKey.json(), { error: { param: 'messages' } });
+  for (const headers of [{}, { authorization: 'Bearer tg-not-a-key' }] as Array<Record<string, string>>) {
+    for (const path of ['/v1/chat/completions', '/v1/embeddings', '/v1/admission']) {
+      const res = await post(path, wrong, headers);
+      t.equal(res.status, 401, `${path} ${JSON.stringify(headers)}`);
+      t.match(await res.json(), { error: { code: /api_key/ } });
+    }
+    // Small bodies are still parsed before the key is checked (SPEC §2), and the limit still comes first.
+    const small = await post('/v1/chat/completions', { model: 'gpt-4o-mini', messages: 'hello' }, headers);
+    t.equal(small.status, 400);
+    const huge = await post('/v1/chat/completions', { ...wrong, messages: 'x'.repeat(33 * 1024 * 1024) }, headers);
+    t.equal(huge.status, 413);
+  }
+  const fine = await post('/v1/chat/completions', { ...chat, messages: [{ role: 'user', content: 'y '.repeat(30_000) }] }, { authorization: `Bearer ${KEY}` });
+  t.equal(fine.status, 200, 'a large body with its key goes');
+  t.equal(upstream.requests.length, 1);
+});
+
 t.test('right key → 200; the upstream sees its own key, never the client one', async (t) => {
   const { upstream, gw } = await withKeys(t);
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: KEY });

@@ -259,15 +259,17 @@ t.test('an upstream key variable the environment lacks is warned about at start,
 t.test('a model name past 256 characters is a 400 naming it, and is neither logged nor stored (regression: a megabyte a request)', async (t) => {
   const gw = await loggedGateway(t, 'info');
   const huge = `gpt-4o-${'x'.repeat(1_000_000)}`;
-  for (const authorization of [`Bearer ${KEY}`, 'Bearer tg-nobody']) {
-    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+  const send = (authorization: string) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization },
       body: JSON.stringify({ model: huge, messages: [{ role: 'user', content: 'hi' }] }),
     });
-    t.equal(res.status, 400);
-    t.match(await res.json(), { error: { code: 'invalid_request', param: 'model', message: 'model: must be at most 256 characters (it has 1000007)' } });
-  }
+  const res = await send(`Bearer ${KEY}`);
+  t.equal(res.status, 400);
+  t.match(await res.json(), { error: { code: 'invalid_request', param: 'model', message: 'model: must be at most 256 characters (it has 1000007)' } });
+  // Without a key, a body this large is not even read (server/body.ts).
+  t.equal((await send('Bearer tg-nobody')).status, 401);
   t.ok(gw.output().length < 10_000, `the log holds ${gw.output().length} characters`);
   t.equal(gw.upstream.requests.length, 0);
   const longest = `gpt-4o-${'x'.repeat(249)}`;
