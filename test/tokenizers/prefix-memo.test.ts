@@ -112,6 +112,13 @@ t.test('memory is bounded in bytes: the least recently used lists go first', asy
   t.equal(none.stats().entries, 0, 'size 0 turns it off');
 });
 
+t.test('a list of many short messages is accounted at what it keeps alive, ~250 bytes a message (regression: 64, and the memo held 3× its budget)', async (t) => {
+  const memo = new PrefixMemo();
+  const list = Array.from({ length: 7000 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `${i}` })) as ChatMessage[];
+  memo.remember('k', list, chainHashes(list), null, null);
+  t.ok(memo.stats().bytes >= 7000 * 256, `${memo.stats().bytes} bytes for 7,000 messages`);
+});
+
 // The same slow pattern the token cache had (test/tokenizers/token-cache.test.ts): a hit must not
 // delete from the Map, and an eviction must not start an iterator over it.
 t.test('a hit never deletes from the Map; an eviction deletes once; nothing iterates it', async (t) => {
