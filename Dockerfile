@@ -1,5 +1,5 @@
 # Tollgate: build with the full toolchain, run as a non-root user on the slim image (Node 26, the
-# current LTS; better-sqlite3 12 supports Node 20–26, the project itself needs Node ≥ 20).
+# current LTS; better-sqlite3 12 supports Node 20–26, the project itself needs Node ≥ 20.18.1, as undici 7 does).
 FROM node:26 AS build
 WORKDIR /app
 COPY package.json package-lock.json ./

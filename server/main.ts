@@ -10,10 +10,10 @@ import { ConfigError, loadConfig } from './config.js';
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
-/** How long a stopping gateway lets requests in flight run before it stops them (ms). */
-const DRAIN_MS = /^\d+$/.test(process.env.TOLLGATE_DRAIN_MS ?? '') ? Number(process.env.TOLLGATE_DRAIN_MS) : 25_000;
-/** When a stopping gateway exits whatever is left (ms). */
-const HARD_EXIT_MS = DRAIN_MS + 5_000;
+/** How long a stopping gateway lets requests in flight run before it stops them (ms), by default. */
+const DEFAULT_DRAIN_MS = 25_000;
+/** How much longer than the drain a stopping gateway waits before it exits whatever is left (ms). */
+const HARD_EXIT_AFTER_DRAIN_MS = 5_000;
 
 export function isLoopback(host: string): boolean {
   return LOOPBACK.has(host) || host.startsWith('127.');
@@ -44,6 +44,13 @@ async function main(): Promise<void> {
     process.stderr.write(`tollgate: TOLLGATE_PORT must be a port number, got "${env.TOLLGATE_PORT}"\n`);
     process.exit(2);
   }
+  // The drain, like the port: digits or unset, never a silent fall-back to the default.
+  const drainText = env.TOLLGATE_DRAIN_MS || String(DEFAULT_DRAIN_MS);
+  if (!/^\d{1,9}$/.test(drainText)) {
+    process.stderr.write(`tollgate: TOLLGATE_DRAIN_MS must be a number of milliseconds, got "${env.TOLLGATE_DRAIN_MS}"\n`);
+    process.exit(2);
+  }
+  const drainMs = Number(drainText);
   if (config.auth.keys.length === 0 && !isLoopback(host)) {
     process.stderr.write(
       `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config, or listen on 127.0.0.1\n`,
@@ -65,15 +72,15 @@ async function main(): Promise<void> {
     // store. A keep-alive connection goes as soon as it is idle (Fastify keeps one open 72 s).
     const idle = setInterval(() => app.server.closeIdleConnections(), 100);
     idle.unref();
-    // Requests still running after DRAIN_MS are stopped: each settles what was generated and ends
+    // Requests still running after the drain are stopped: each settles what was generated and ends
     // its response (a stream with a `shutting_down` error event) — none is left to be recovered,
-    // charged in full, at the next start. Past HARD_EXIT_MS the process exits regardless.
+    // charged in full, at the next start. 5 s past the drain the process exits regardless.
     const drain = setTimeout(() => {
       app.log.warn({ inFlight: app.gateway.inFlight.size }, 'requests still running at the drain deadline: stopping them');
       app.gateway.drain.abort();
-    }, DRAIN_MS);
+    }, drainMs);
     drain.unref();
-    const timer = setTimeout(() => process.exit(1), HARD_EXIT_MS);
+    const timer = setTimeout(() => process.exit(1), drainMs + HARD_EXIT_AFTER_DRAIN_MS);
     timer.unref();
     await app.close();
     process.exit(0);
@@ -94,7 +101,10 @@ async function main(): Promise<void> {
     }
     throw err;
   }
-  app.log.info({ host, port, store: config.store.kind, upstreams: config.upstreams.map((u) => u.name) }, 'tollgate listening');
+  // The port it got (TOLLGATE_PORT=0 asks for any free one).
+  const address = app.server.address();
+  const listening = typeof address === 'object' && address !== null ? address.port : port;
+  app.log.info({ host, port: listening, store: config.store.kind, upstreams: config.upstreams.map((u) => u.name) }, 'tollgate listening');
 }
 
 main().catch((err: unknown) => {

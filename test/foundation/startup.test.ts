@@ -211,6 +211,25 @@ t.test('a TOLLGATE_PORT that is not a port number exits 2 naming it', async (t) 
   }
 });
 
+t.test('a TOLLGATE_DRAIN_MS that is not a number exits 2 naming it (it was ignored)', async (t) => {
+  for (const value of ['abc', '25s', '-1']) {
+    const dir = tempDir(t);
+    const s = start(dir, { TOLLGATE_PORT: '0', TOLLGATE_DRAIN_MS: value });
+    t.equal(await exitedOrListening(t, s), 2, `TOLLGATE_DRAIN_MS="${value}"`);
+    t.match(s.stderr(), `tollgate: TOLLGATE_DRAIN_MS must be a number of milliseconds, got "${value}"`);
+  }
+});
+
+t.test('TOLLGATE_PORT=0 listens on a free port, and the start line says which (it said 0)', async (t) => {
+  const dir = tempDir(t);
+  const s = start(dir, { TOLLGATE_PORT: '0' });
+  t.equal(await exitedOrListening(t, s), 'listening');
+  const line = s.stdout().split('\n').find((l) => l.includes('tollgate listening'))!;
+  const port = (JSON.parse(line) as { port: number }).port;
+  t.ok(port > 0, `port ${port}`);
+  t.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+});
+
 t.test('a bad config file exits non-zero naming the field', async (t) => {
   const dir = tempDir(t);
   const port = await freePort();
