@@ -96,15 +96,21 @@ export class Reader {
   url(key: string, fallback: string | undefined): string | undefined {
     const v = this.get(key, fallback);
     let ok = typeof v === 'string';
+    let parsed: URL | null = null;
     if (ok) {
       try {
-        const u = new URL(v as string);
-        ok = u.protocol === 'http:' || u.protocol === 'https:';
+        parsed = new URL(v as string);
+        ok = parsed.protocol === 'http:' || parsed.protocol === 'https:';
       } catch {
         ok = false;
       }
     }
     if (!ok) this.fail(key, 'must be a URL (http:// or https://)');
+    // Requests go to the base URL's origin and path: a query, a fragment or credentials in it would
+    // be dropped without a word (a key belongs in apiKeyEnv).
+    if (parsed && (parsed.search !== '' || parsed.hash !== '' || parsed.username !== '' || parsed.password !== '')) {
+      this.fail(key, 'must be a URL without a query, a fragment or credentials (put a key in apiKeyEnv)');
+    }
     return (v as string).replace(/\/+$/, '');
   }
 
@@ -143,9 +149,10 @@ export class Reader {
     return v as T;
   }
 
-  strList(key: string, fallback: string[] | undefined): string[] | undefined {
+  strList(key: string, fallback: string[] | undefined, nonEmpty = false): string[] | undefined {
     const v = this.get(key, fallback);
     if (!Array.isArray(v)) this.fail(key, 'must be a list of strings');
+    if (nonEmpty && (v as unknown[]).length === 0) this.fail(key, 'must name at least one model or pattern');
     (v as unknown[]).forEach((s, i) => {
       if (typeof s !== 'string' || s.length === 0) this.fail(`${this.at(key)}[${i}]`, 'must be a non-empty string');
     });

@@ -122,7 +122,7 @@ function readUpstream(r: Reader, names: Set<string>): UpstreamConfig {
     kind: kind!,
     baseUrl: r.url('baseUrl', undefined)!,
     apiKeyEnv: r.strOrNull('apiKeyEnv', null) ?? null,
-    models: r.strList('models', ['*'])!,
+    models: r.strList('models', ['*'], true)!,
     billing: r.oneOf('billing', ['local', 'plan', 'metered'] as const, kind === 'llamacpp' ? 'local' : 'metered')!,
     contextWindow: r.intOrNull('contextWindow', null, 1, 1 << 26) ?? null,
     prefixCache: r.bool('prefixCache', true)!,

@@ -37,6 +37,11 @@ t.test('errors name the bad field', async (t) => {
   t.match(configError({ upstreams: [upstream(), upstream()] }), /^upstreams\[1\]\.name: duplicate upstream name "a"/);
   t.match(configError({ upstreams: [] }), /^upstreams: must list at least one upstream/);
   t.match(configError({ upstreams: [{ kind: 'openai', baseUrl: 'http://x' }] }), /^upstreams\[0\]\.name: is required/);
+  // What requests would silently drop is no base URL (they go to its origin and path).
+  for (const baseUrl of ['http://x/v1?api-version=2024-10-21', 'http://x/v1#a', 'http://user:secret@x/v1']) {
+    t.match(configError({ upstreams: [upstream({ baseUrl })] }), /^upstreams\[0\]\.baseUrl: must be a URL without a query, a fragment or credentials/, baseUrl);
+  }
+  t.match(configError({ upstreams: [upstream({ models: [] })] }), /^upstreams\[0\]\.models: must name at least one model or pattern/, 'an upstream that serves nothing');
 });
 
 t.test('a misspelt field at any depth is an error, not a silent default', async (t) => {
