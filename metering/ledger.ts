@@ -78,7 +78,9 @@ export type AdmitRefusal =
       roomUsd?: number;
     }
   /** More than `limitAncestors` conversations above this one (parent, its parent, …): ADR 0018. */
-  | { ok: false; scope: 'nesting'; limitAncestors: number };
+  | { ok: false; scope: 'nesting'; limitAncestors: number }
+  /** The conversation, or one above it, belongs to another tenant (ids are global). */
+  | { ok: false; scope: 'owner'; conversation: string };
 
 export type AdmitResult = { ok: true } | AdmitRefusal;
 

@@ -141,9 +141,16 @@ const route: FastifyPluginAsync = async (app) => {
     if (!isConversationId(request.params.id)) {
       throw new GatewayError('invalid_request', `conversation id: must be at most ${MAX_CONVERSATION_ID_LENGTH} printable ASCII characters`, {}, 'id');
     }
-    const b = body(request.body, ['cap_usd']);
+    const b = body(request.body, ['cap_usd', 'tenant']);
     const cap = usdOrNull(b, 'cap_usd', true) ?? null;
-    await ledger().setConversationCap(request.params.id, null, cap);
+    // Ids are global, and the first tenant to use one owns it: the operator may say whose a
+    // conversation capped before its first request is, so no other tenant can take it.
+    const tenant = b.tenant === undefined || b.tenant === null ? null : id(b, 'tenant');
+    const owner = (await ledger().conversationSpend(request.params.id))?.tenant || null;
+    if (tenant !== null && owner !== null && owner !== tenant) {
+      throw new GatewayError('invalid_request', `conversation "${request.params.id}" already belongs to tenant "${owner}"`, {}, 'tenant');
+    }
+    await ledger().setConversationCap(request.params.id, tenant, cap);
     return { conversation: request.params.id, cap_usd: cap };
   });
 

@@ -11,6 +11,9 @@ import type { AdmitResult, Reservation } from '../ledger.js';
 export const USD_EPSILON = 1e-9;
 
 export interface MoneyScopeState {
+  /** The conversation's id and owner, where the store read a row (a row not made yet has neither). */
+  id?: string;
+  tenant?: string | null;
   capUsd: number | null;
   spentUsd: number;
   tasksUsd: number;
@@ -58,6 +61,12 @@ function capRefusal(
 /** The first budget the reservation would cross, or `{ok: true}`. */
 export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
   if (s.tooDeep) return { ok: false, scope: 'nesting', limitAncestors: MAX_ANCESTORS };
+  // Ids are global: the first tenant to use a conversation owns it, and no request of another is
+  // admitted into it or under it. The planner says so first; this holds it in the atomic step,
+  // where two first requests of two tenants may both have passed the planner.
+  for (const scope of [s.conversation, ...s.ancestors]) {
+    if (scope.tenant && scope.tenant !== r.tenant) return { ok: false, scope: 'owner', conversation: scope.id ?? r.conversation };
+  }
   const neededTokens = reservedTokens(r);
   if (s.budgetTokens !== null && s.usedTokens + neededTokens > s.budgetTokens) {
     return {

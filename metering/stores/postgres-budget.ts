@@ -70,7 +70,7 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     [r.run],
   );
   const convs = await c.query<ConversationRecord>(
-    `SELECT id, parent, cap_usd AS "capUsd", spent_usd AS "spentUsd", tasks_usd AS "tasksUsd",
+    `SELECT id, tenant, parent, cap_usd AS "capUsd", spent_usd AS "spentUsd", tasks_usd AS "tasksUsd",
        reserved_usd AS "reservedUsd"
      FROM conversations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
     [convIds],
@@ -124,7 +124,7 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     `WITH ins AS (${INSERT_ROW})
      , run AS (UPDATE runs SET used_tokens = used_tokens + $${n + 1}::bigint WHERE id = $${n + 2})
      , conv AS (UPDATE conversations SET reserved_usd = reserved_usd + $${n + 3}::double precision,
-         tenant = CASE WHEN id = $${n + 4}::text THEN COALESCE(tenant, $${n + 5}::text) ELSE tenant END,
+         tenant = COALESCE(tenant, $${n + 5}::text),
          parent = CASE WHEN id = $${n + 4}::text THEN COALESCE(parent, $${n + 6}::text) ELSE parent END
        WHERE id = ANY($${n + 7}::text[]))${money}${stray === null ? '' : `, stray AS (DELETE FROM conversations WHERE id = $${n + (w === null ? 8 : 9)})`}
      SELECT 1`,
@@ -136,8 +136,8 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
       r.conversation,
       r.tenant,
       parent,
-      // Without money only the conversation's own row has anything to write.
-      w === null ? [r.conversation] : convIds,
+      // Every conversation above is written, money or not: one no tenant owns yet is claimed.
+      convIds,
       ...(w === null ? [] : [r.month]),
       ...(stray === null ? [] : [stray]),
     ],

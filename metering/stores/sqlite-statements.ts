@@ -8,15 +8,17 @@ export function prepareSqlite(db: Database.Database) {
   return {
     // Admission writes only once it has admitted (a refusal changes nothing): each reserve
     // statement creates its row or adds to it. The request's own conversation is claimed (an owner
-    // and a first parent are never replaced); a parent, and each conversation above it, is only
-    // drawn on.
+    // and a first parent are never replaced); a parent, and each conversation above it, is drawn
+    // on, and claimed only if no tenant owns it yet (a conversation the operator capped before any
+    // request: its first user owns it, as conversation or as parent).
     reserveConversation: s(`INSERT INTO conversations (id, tenant, parent, reserved_usd)
       VALUES (@id, @tenant, @parent, @reserved)
       ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
         parent = COALESCE(conversations.parent, excluded.parent),
         reserved_usd = reserved_usd + excluded.reserved_usd`),
     reserveParent: s(`INSERT INTO conversations (id, tenant, reserved_usd) VALUES (@id, @tenant, @reserved)
-      ON CONFLICT (id) DO UPDATE SET reserved_usd = reserved_usd + excluded.reserved_usd`),
+      ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
+        reserved_usd = reserved_usd + excluded.reserved_usd`),
     getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
       tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns
       FROM conversations WHERE id = ?`),

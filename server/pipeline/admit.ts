@@ -8,7 +8,7 @@ import type { Gateway } from '../gateway.js';
 import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
 import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } from '../../pricing/cheaper-models.js';
-import { isToolRound, type Plan } from './plan.js';
+import { isToolRound, ownerError, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { capRoomOf, conversationFamily } from './budgets.js';
 
@@ -133,6 +133,7 @@ export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Pr
   if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan);
   if (r.scope === 'keep') return keepError(r, plan);
   if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
+  if (r.scope === 'owner') return ownerError(r.conversation, r.conversation === plan.conversation ? 'x-tollgate-conversation' : 'x-tollgate-parent');
   return moneyError(gw, plan, r);
 }
 

@@ -56,6 +56,8 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     gw.ledger.tenantMonth(plan.principal.tenant, plan.month),
   ]);
   const scope = (c: ConversationSpend | null): MoneyScopeState => ({
+    id: c?.conversation,
+    tenant: c?.tenant || null,
     capUsd: c?.capUsd ?? null,
     spentUsd: c?.spentUsd ?? 0,
     tasksUsd: c?.tasksUsd ?? 0,

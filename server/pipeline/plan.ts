@@ -102,7 +102,8 @@ const PRINTABLE_ASCII = /^[\x20-\x7e]+$/;
 
 /** Whether `s` can name a conversation: what a client can send in a header, and what routes take. */
 export function isConversationId(s: string): boolean {
-  return s.length > 0 && s.length <= MAX_CONVERSATION_ID_LENGTH && PRINTABLE_ASCII.test(s);
+  // Spaces at either end can never arrive: a header's value is trimmed.
+  return s.length > 0 && s.length <= MAX_CONVERSATION_ID_LENGTH && PRINTABLE_ASCII.test(s) && s.trim() === s;
 }
 
 /** A conversation id from a header (trimmed; absent or blank is null), refused unless printable ASCII of a bounded length. */
@@ -134,6 +135,11 @@ export function planHeaders(raw: IncomingMessage): Headers {
     if (all !== undefined) headers[name] = all.length === 1 ? all[0] : all;
   }
   return headers;
+}
+
+/** A conversation another tenant owns, named as the request's own or above it: a 400 (ids are global). */
+export function ownerError(conversation: string, param: 'x-tollgate-conversation' | 'x-tollgate-parent'): GatewayError {
+  return new GatewayError('invalid_request', `conversation "${conversation}" belongs to another tenant: choose another id`, {}, param);
 }
 
 export function monthOf(ms: number): string {
@@ -346,9 +352,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   for (const named of source === 'header' ? [conversation, parent] : [parent]) {
     if (!named) continue;
     const owner = named === conversation && head ? head.tenant : (await gw.ledger.conversationSpend(named))?.tenant;
-    if (owner && owner !== principal.tenant) {
-      throw new GatewayError('invalid_request', `conversation "${named}" belongs to another tenant: choose another id`, {}, named === parent ? 'x-tollgate-parent' : 'x-tollgate-conversation');
-    }
+    if (owner && owner !== principal.tenant) throw ownerError(named, named === parent ? 'x-tollgate-parent' : 'x-tollgate-conversation');
   }
   // A run's id starts with its conversation's, so a conversation's runs sit together in the
   // ledger's index (and a new conversation's id grows with time: ADR 0015).
