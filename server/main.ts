@@ -109,7 +109,8 @@ async function main(): Promise<void> {
 
 main().catch((err: unknown) => {
   // Another gateway serves the SQLite file (ADR 0016): the message says what to do, no stack needed.
-  if (err instanceof Error && err.name === 'LedgerInUseError') {
+  // So does a ledger a newer Tollgate wrote.
+  if (err instanceof Error && (err.name === 'LedgerInUseError' || err.name === 'LedgerSchemaTooNewError')) {
     process.stderr.write(`tollgate: ${err.message}\n`);
     process.exit(1);
   }

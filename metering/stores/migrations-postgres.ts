@@ -3,6 +3,7 @@
 // second finds the work done. Money is double precision, as in SQLite (ADR 0005).
 import type { PoolClient } from 'pg';
 import type { Migration } from './migrations-sqlite.js';
+import { LedgerSchemaTooNewError } from './schema-too-new.js';
 
 export const POSTGRES_MIGRATIONS: readonly Migration[] = [
   {
@@ -166,6 +167,8 @@ export async function migratePostgres(client: PoolClient, schema: string): Promi
       const { rows } = await client.query<{ v: number }>(
         `SELECT COALESCE(MAX(version), 0)::integer AS v FROM ${schema}.schema_version`,
       );
+      const known = POSTGRES_MIGRATIONS[POSTGRES_MIGRATIONS.length - 1]!.version;
+      if (rows[0].v > known) throw new LedgerSchemaTooNewError('PostgreSQL', rows[0].v, known);
       if (rows[0].v < m.version) {
         await client.query(`SET LOCAL search_path TO ${schema}`);
         await client.query(m.sql);

@@ -2,6 +2,7 @@
 // transaction and re-reads the version inside it, so two processes opening one file at once
 // apply each step exactly once. Append new steps; never edit a released one.
 import type Database from 'better-sqlite3';
+import { LedgerSchemaTooNewError } from './schema-too-new.js';
 
 export interface Migration {
   version: number;
@@ -153,6 +154,9 @@ export function migrateSqlite(db: Database.Database): number {
   )`);
   const current = db.prepare('SELECT COALESCE(MAX(version), 0) AS v FROM schema_version');
   const record = db.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, ?)');
+  const known = SQLITE_MIGRATIONS[SQLITE_MIGRATIONS.length - 1]!.version;
+  const found = (current.get() as { v: number }).v;
+  if (found > known) throw new LedgerSchemaTooNewError('SQLite', found, known);
   for (const m of SQLITE_MIGRATIONS) {
     const apply = db.transaction(() => {
       // Re-read under the write lock: another process may have applied it meanwhile.

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createServer } from 'node:net';
 import { freePort } from '../helpers/process.js';
+import Database from 'better-sqlite3';
 
 const root = new URL('../..', import.meta.url).pathname;
 // The process runs in a temp folder (the default ledger file lands there), so tsx is given by URL.
@@ -228,6 +229,19 @@ t.test('TOLLGATE_PORT=0 listens on a free port, and the start line says which (i
   const port = (JSON.parse(line) as { port: number }).port;
   t.ok(port > 0, `port ${port}`);
   t.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+});
+
+t.test('a ledger a newer Tollgate wrote: exit 1 saying so, no stack', async (t) => {
+  const dir = tempDir(t);
+  const path = join(dir, 'ledger.db');
+  const db = new Database(path);
+  db.exec('CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)');
+  db.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, ?)').run(99, Date.now());
+  db.close();
+  const s = startConfigured(t, dir, minimalConfig(dir, {}), { TOLLGATE_PORT: '0' });
+  t.equal(await exitedOrListening(t, s), 1);
+  t.match(s.stderr(), /^tollgate: the SQLite ledger is at schema version 99, newer than this Tollgate knows \(\d+\): a newer Tollgate wrote it/m);
+  t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
 });
 
 t.test('a bad config file exits non-zero naming the field', async (t) => {

@@ -108,6 +108,26 @@ for (const factory of storeFactories(t)) {
   });
 }
 
+t.test('sqlite: a ledger a newer Tollgate wrote is refused before anything is read or written (regression: an older binary ran on it)', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-newer-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'ledger.db');
+  const known = SQLITE_MIGRATIONS[SQLITE_MIGRATIONS.length - 1]!.version;
+  const first = await openStore({ kind: 'sqlite', path });
+  await first.upsertTenant({ id: 'acme', monthlyBudgetUsd: 3 });
+  await first.close();
+  const db = new Database(path);
+  db.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, ?)').run(known + 1, Date.now());
+  db.close();
+  await t.rejects(openStore({ kind: 'sqlite', path }), {
+    name: 'LedgerSchemaTooNewError',
+    message: `the SQLite ledger is at schema version ${known + 1}, newer than this Tollgate knows (${known}): a newer Tollgate wrote it; run that version, or restore a backup taken before the upgrade`,
+  });
+  const after = new Database(path, { readonly: true });
+  t.teardown(() => after.close());
+  t.equal(after.prepare('SELECT MAX(version) FROM schema_version').pluck().get(), known + 1, 'left as it was');
+});
+
 t.test('sqlite: the head look-ups are answered from one index, and heads carry no other', async (t) => {
   const db = new Database(':memory:');
   t.teardown(() => db.close());
@@ -141,6 +161,23 @@ if (pgUrl) {
     await admin.end();
     t.same(rows, POSTGRES_MIGRATIONS.map((m) => ({ version: m.version })), 'each migration applied once');
     t.same(await replicas[3].admit(reservation({ run: 'after-migrate' })), { ok: true });
+  });
+  t.test('postgres: a schema a newer Tollgate wrote is refused', async (t) => {
+    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+    const known = POSTGRES_MIGRATIONS[POSTGRES_MIGRATIONS.length - 1]!.version;
+    const admin = new pg.Client({ connectionString: pgUrl });
+    await admin.connect();
+    t.teardown(async () => {
+      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await admin.end();
+    });
+    const first = new PostgresLedger({ url: pgUrl, schema });
+    await first.migrate();
+    await first.close();
+    await admin.query(`INSERT INTO ${schema}.schema_version (version, applied_at) VALUES ($1, $2)`, [known + 1, Date.now()]);
+    const newer = new PostgresLedger({ url: pgUrl, schema });
+    t.teardown(() => newer.close());
+    await t.rejects(newer.migrate(), { name: 'LedgerSchemaTooNewError', message: new RegExp(`^the PostgreSQL ledger is at schema version ${known + 1}, newer than this Tollgate knows \\(${known}\\)`) });
   });
   t.test('postgres: a schema name that is not a plain SQL name is refused', async (t) => {
     t.throws(() => new PostgresLedger({ url: pgUrl, schema: 'x; DROP TABLE y' }), /store\.schema/);
