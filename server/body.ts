@@ -129,15 +129,31 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
         chunks.length = 0;
       }
     };
+    let keyKnown = false;
     const keyChecked = request.routeOptions.url?.startsWith('/v1/')
       ? clientPrincipal(request).then(
-          () => {},
           () => {
+            keyKnown = true;
+          },
+          () => {
+            keyKnown = true;
             keyFailed = true;
             dropUnauthenticated();
           },
         )
       : null;
+    // Past UNAUTHENTICATED_BODY_BYTES, a body whose key is still being checked (a ledger look-up
+    // that takes its time) waits for the answer before more of it is read.
+    let waiting = false;
+    const waitForKey = () => {
+      if (waiting || keyKnown || keyChecked === null || total <= UNAUTHENTICATED_BODY_BYTES) return;
+      waiting = true;
+      payload.pause();
+      void keyChecked.then(() => {
+        waiting = false;
+        payload.resume();
+      });
+    };
 
     payload.on('data', (chunk: Buffer) => {
       if (finished) return;
@@ -150,6 +166,7 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       }
       dropUnauthenticated();
       if (!unread) chunks.push(chunk);
+      waitForKey();
     });
     payload.on('error', (err) => finish(err));
     const ended = () => {
