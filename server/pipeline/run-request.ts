@@ -411,11 +411,13 @@ async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<stri
 
 /**
  * What each streamed choice of a completions request with `echo` starts with: its prompt (choices
- * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed.
+ * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed — and for a
+ * llama.cpp server, which does not echo: there, text that happens to repeat the prompt is the
+ * model's own, and is metered.
  */
 function echoOf(plan: Plan): ((index: number) => string) | undefined {
   const body = plan.valid.body;
-  if (plan.valid.kind !== 'completions' || body.echo !== true) return undefined;
+  if (plan.valid.kind !== 'completions' || body.echo !== true || plan.upstream.config.kind !== 'openai') return undefined;
   const prompt = body.prompt;
   const n = plan.valid.n;
   return (index) => {
