@@ -255,7 +255,11 @@ export interface Ledger {
 
   // Money.
   conversationSpend(conversation: string): Promise<ConversationSpend | null>;
-  setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void>;
+  /**
+   * Sets a conversation's cap (made if need be), and its owner when it has none. With a `tenant`
+   * other than the owner it already has, nothing is written. Returns the owner afterwards.
+   */
+  setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<string | null>;
   tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }>;
   /** True exactly once per tenant and month: the caller sends `budget-near`. */
   claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;

@@ -146,11 +146,11 @@ const route: FastifyPluginAsync = async (app) => {
     // Ids are global, and the first tenant to use one owns it: the operator may say whose a
     // conversation capped before its first request is, so no other tenant can take it.
     const tenant = b.tenant === undefined || b.tenant === null ? null : id(b, 'tenant');
-    const owner = (await ledger().conversationSpend(request.params.id))?.tenant || null;
-    if (tenant !== null && owner !== null && owner !== tenant) {
-      throw new GatewayError('invalid_request', `conversation "${request.params.id}" already belongs to tenant "${owner}"`, {}, 'tenant');
+    // One step in the store: a conversation another tenant owns is left as it is.
+    const owner = await ledger().setConversationCap(request.params.id, tenant, cap);
+    if (tenant !== null && owner !== tenant) {
+      throw new GatewayError('invalid_request', `conversation "${request.params.id}" already belongs to ${owner === null ? 'another tenant' : `tenant "${owner}"`}`, {}, 'tenant');
     }
-    await ledger().setConversationCap(request.params.id, tenant, cap);
     return { conversation: request.params.id, cap_usd: cap };
   });
 

@@ -193,13 +193,21 @@ export class PostgresLedger implements Ledger {
     return { ...c, tenant: c.tenant ?? '', byModel };
   }
 
-  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void> {
-    await this.pool.query(
-      `INSERT INTO conversations (id, tenant, cap_usd) VALUES ($1, $2, $3)
-       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
-         tenant = COALESCE(conversations.tenant, excluded.tenant)`,
+  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<string | null> {
+    // One statement: a first request claiming the row meanwhile either comes first (and the cap is
+    // not written for another owner) or after (and finds the owner set here).
+    const { rows } = await this.pool.query<{ tenant: string | null }>(
+      `WITH up AS (
+         INSERT INTO conversations (id, tenant, cap_usd) VALUES ($1, $2, $3)
+         ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
+           tenant = COALESCE(conversations.tenant, excluded.tenant)
+         WHERE excluded.tenant IS NULL OR conversations.tenant IS NULL OR conversations.tenant = excluded.tenant
+         RETURNING tenant
+       )
+       SELECT tenant FROM up UNION ALL SELECT tenant FROM conversations WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
       [conversation, tenant, capUsd],
     );
+    return rows[0]?.tenant ?? null;
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

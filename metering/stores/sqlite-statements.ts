@@ -36,7 +36,9 @@ export function prepareSqlite(db: Database.Database) {
     modelSpend: s('SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = ? ORDER BY model'),
     setCap: s(`INSERT INTO conversations (id, tenant, cap_usd) VALUES (@id, @tenant, @cap)
       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
-        tenant = COALESCE(conversations.tenant, excluded.tenant)`),
+        tenant = COALESCE(conversations.tenant, excluded.tenant)
+      WHERE excluded.tenant IS NULL OR conversations.tenant IS NULL OR conversations.tenant = excluded.tenant`),
+    getOwner: s('SELECT tenant FROM conversations WHERE id = ?'),
 
     // A run starts (its clock and its budget) with its first admitted request.
     reserveRun: s(`INSERT INTO runs (id, conversation, started_at, budget_tokens, used_tokens)

@@ -513,8 +513,10 @@ export class SqliteLedger implements Ledger {
     };
   }
 
-  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<void> {
+  async setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<string | null> {
+    // One synchronous step: no request of this process can claim the row in between.
     this.q.setCap.run({ id: conversation, tenant, cap: capUsd });
+    return (this.q.getOwner.get(conversation) as { tenant: string | null } | undefined)?.tenant ?? null;
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

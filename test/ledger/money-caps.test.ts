@@ -39,10 +39,13 @@ for (const factory of storeFactories(t)) {
       scope: 'conversation',
       limitUsd: 0.1,
     });
-    // 6. Removing the cap lifts it.
-    await ledger.setConversationCap('conv-cap', 'someone-else', null);
+    // 6. A cap set for another owner writes nothing: the owner is never replaced.
+    t.equal(await ledger.setConversationCap('conv-cap', 'someone-else', null), 'acme');
+    t.match(await ledger.conversationSpend('conv-cap'), { tenant: 'acme', capUsd: 0.1 });
+    // 7. Removing the cap lifts it.
+    t.equal(await ledger.setConversationCap('conv-cap', null, null), 'acme');
     t.same(await ledger.admit(reservation({ conversation: 'conv-cap', run: 'r1', worstCaseUsd: 5 })), { ok: true });
-    t.equal((await ledger.conversationSpend('conv-cap'))?.tenant, 'acme', 'an owner is never replaced');
+    t.equal(await ledger.setConversationCap('fresh', 'acme', 2), 'acme', 'an owner named for a new conversation');
   });
 
   t.test(`${factory.kind}: a child shares its parent's cap and its spend counts in both`, async (t) => {
