@@ -416,9 +416,11 @@ export class SqliteLedger implements Ledger {
       this.headArrays.delete(conversation);
       this.headMessages -= old.chain.length;
     }
+    // A head longer than the whole budget is not kept, and does not push the others out.
+    if (chain.length > HEAD_MESSAGES_KEPT) return;
     this.headArrays.set(conversation, { chain, prefix, time, lastHash: chain.length > 0 ? chain[chain.length - 1]! : '' });
     this.headMessages += chain.length;
-    // The least recently used go first; a head longer than the whole budget is not kept at all.
+    // The least recently used go first.
     while (this.headArrays.size > HEAD_ARRAYS_KEPT || this.headMessages > HEAD_MESSAGES_KEPT) {
       const [oldest, kept] = this.headArrays.entries().next().value!;
       this.headArrays.delete(oldest);
