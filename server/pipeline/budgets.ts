@@ -117,7 +117,8 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);
     const rates = ratesAt(plan.price, promptTokens);
-    const promptUsd = (promptTokens * rates.input) / 1e6;
+    // A prediction's tokens are output the request may be billed for whatever its max_tokens.
+    const promptUsd = (promptTokens * rates.input + plan.predictionTokens * rates.output) / 1e6;
     for (const room of rooms) {
       limits.push(rates.output > 0 ? Math.floor(((room - promptUsd) * 1e6) / rates.output / per) : Number.MAX_SAFE_INTEGER);
     }

@@ -21,7 +21,7 @@ import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
-import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
+import { BYTES_PER_ESTIMATED_TOKEN, estimateTokens } from '../../metering/tokenizers/byte-estimate.js';
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
 
 export interface Headers {
@@ -74,6 +74,11 @@ export interface Plan {
   tokenRefusal: { remainingTokens: number; neededTokens: number } | null;
   price: ModelPrice | null;
   worstCaseUsd: number | null;
+  /**
+   * Tokens of a chat request's `prediction` (Predicted Outputs): the part the model does not use is
+   * billed as output, beyond `max_tokens`, so the money worst case holds it whole. 0 without one.
+   */
+  predictionTokens: number;
   month: string;
   head: ConversationHead | null;
 }
@@ -257,6 +262,24 @@ export function rowFigures(model: string, upstream: string, rows: RowPlan, conte
  * bound (a prompt may hold a token per byte, four times the estimate) — four times it, so a cap
  * holds whatever the model's tokenizer turns out to be.
  */
+/**
+ * The tokens of a chat request's `prediction` content (a string, or text parts), counted as the
+ * model's output would be; the byte estimate when the tokenizer is out of reach.
+ */
+async function predictionTokens(gw: Gateway, upstream: Upstream, valid: ValidRequest): Promise<number> {
+  const prediction = valid.kind === 'chat' ? valid.body.prediction : undefined;
+  if (prediction === null || typeof prediction !== 'object') return 0;
+  const content = (prediction as Record<string, unknown>).content;
+  const parts = typeof content === 'string' ? [content] : Array.isArray(content) ? content.map((p) => (typeof (p as { text?: unknown })?.text === 'string' ? (p as { text: string }).text : '')) : [];
+  const text = parts.join('');
+  if (text === '') return 0;
+  try {
+    return (await gw.counters.forModel(upstream, valid.model).countText(text)).tokens;
+  } catch {
+    return estimateTokens(text);
+  }
+}
+
 export function worstPromptTokens(rows: Pick<RowPlan, 'countMethod' | 'sumTokens'>): number {
   return rows.countMethod === 'estimate:bytes' ? rows.sumTokens * BYTES_PER_ESTIMATED_TOKEN : rows.sumTokens;
 }
@@ -455,7 +478,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
   const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
   const worstPrompt = worstPromptTokens(rows);
-  const worst = upstream.billing === 'metered' && price && !excerptOnly ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance }) : null;
+  const predicted = upstream.billing === 'metered' && price && !excerptOnly ? await predictionTokens(gw, upstream, valid) : 0;
+  const worst = upstream.billing === 'metered' && price && !excerptOnly ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance + predicted }) : null;
 
   return {
     id: `req-${uuidV7()}`,
@@ -489,6 +513,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     tokenRefusal,
     price,
     worstCaseUsd: worst,
+    predictionTokens: predicted,
     month: monthOf(time),
     head,
   };
