@@ -82,12 +82,7 @@ export type AdmitRefusal =
   /** The conversation, or one above it, belongs to another tenant (ids are global). */
   | { ok: false; scope: 'owner'; conversation: string };
 
-/**
- * `reserveUsd`: the money the admission holds when it is not the reservation's worst case (a request
- * of unknown cost holds what is left of its tightest limit: admission-check.ts); the stores reserve
- * it, and record it as the row's worst case, which settlement releases.
- */
-export type AdmitResult = { ok: true; reserveUsd?: number } | AdmitRefusal;
+export type AdmitResult = { ok: true } | AdmitRefusal;
 
 export interface UpstreamFigures {
   promptTokens: number | null;

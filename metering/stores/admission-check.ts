@@ -103,24 +103,7 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
       };
     }
   }
-  if (needed === null) return heldForUnknownCost(s, r.capRoomUsd ?? 0);
   return { ok: true };
-}
-
-/**
- * What a request of unknown cost holds while it runs: what is left of the tightest money limit over
- * it, so that no other request under that limit starts beside it (each would see room that the
- * first may spend). It crosses its limit once at most; its settlement releases the hold and spends
- * what the provider said it cost. Nothing is held when no money limit applies.
- */
-function heldForUnknownCost(s: AdmissionState, capRoom: number): AdmitResult {
-  const left = (limit: number | null, spent: number, reserved: number) => (limit === null ? [] : [limit - spent - reserved]);
-  const rooms = [
-    ...left(s.conversation.capUsd === null ? null : s.conversation.capUsd + capRoom, s.conversation.spentUsd + s.conversation.tasksUsd, s.conversation.reservedUsd),
-    ...s.ancestors.flatMap((a) => left(a.capUsd, a.spentUsd + a.tasksUsd, a.reservedUsd)),
-    ...left(s.monthlyBudgetUsd, s.month.spentUsd, s.month.reservedUsd),
-  ];
-  return rooms.length === 0 ? { ok: true } : { ok: true, reserveUsd: Math.min(...rooms) };
 }
 
 /**

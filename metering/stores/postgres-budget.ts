@@ -109,8 +109,6 @@ export async function admitLocked(c: Client, r: Reservation): Promise<AdmitResul
     month: { spentUsd: month.rows[0].spent_usd, reservedUsd: month.rows[0].reserved_usd },
   });
   if (!verdict.ok) return verdict;
-  // A request of unknown cost holds what the admission says (admission-check.ts).
-  if (verdict.reserveUsd !== undefined) r = { ...r, worstCaseUsd: verdict.reserveUsd };
 
   // 3. Reserve: the row, the run's tokens, the claim of the conversation (an owner and a first
   // parent, never replaced) and the money, on it and on every conversation above — one statement

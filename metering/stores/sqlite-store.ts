@@ -338,8 +338,6 @@ export class SqliteLedger implements Ledger {
       month: { spentUsd: month?.spent_usd ?? 0, reservedUsd: month?.reserved_usd ?? 0 },
     });
     if (!verdict.ok) return verdict;
-    // A request of unknown cost holds what the admission says (admission-check.ts).
-    if (verdict.reserveUsd !== undefined) r = { ...r, worstCaseUsd: verdict.reserveUsd };
 
     // Admitted: each statement creates its row or adds to it.
     const w = r.worstCaseUsd;
