@@ -21,7 +21,7 @@ import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
-import { BYTES_PER_ESTIMATED_TOKEN, estimateTokens } from '../../metering/tokenizers/byte-estimate.js';
+import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
 
 export interface Headers {
@@ -264,7 +264,8 @@ export function rowFigures(model: string, upstream: string, rows: RowPlan, conte
  */
 /**
  * The tokens of a chat request's `prediction` content (a string, or text parts), counted as the
- * model's output would be; the byte estimate when the tokenizer is out of reach.
+ * model's output would be. Where no tokenizer here knows the model, or it is out of reach, one
+ * token per byte, as the prompt is held (`worstPromptTokens`): the byte estimate is no bound.
  */
 async function predictionTokens(gw: Gateway, upstream: Upstream, valid: ValidRequest): Promise<number> {
   const prediction = valid.kind === 'chat' ? valid.body.prediction : undefined;
@@ -274,9 +275,10 @@ async function predictionTokens(gw: Gateway, upstream: Upstream, valid: ValidReq
   const text = parts.join('');
   if (text === '') return 0;
   try {
-    return (await gw.counters.forModel(upstream, valid.model).countText(text)).tokens;
+    const counted = await gw.counters.forModel(upstream, valid.model).countText(text);
+    return counted.method === 'estimate:bytes' ? Buffer.byteLength(text, 'utf8') : counted.tokens;
   } catch {
-    return estimateTokens(text);
+    return Buffer.byteLength(text, 'utf8');
   }
 }
 

@@ -70,3 +70,11 @@ t.test('max_affordable_allowance prices the prompt as admission does: the larges
   t.equal(real.status, 200, 'the allowance admission named is admitted');
   t.equal(upstream.requests.length, 1);
 });
+
+t.test("a prediction for such a model is held at one token per byte too (regression: bytes ÷ 4)", async (t) => {
+  const { gw } = await world(t);
+  const code = '変数の名前を変えてください。'.repeat(200);
+  const plain = await admission(gw, KEY, ask);
+  const predicted = await admission(gw, KEY, { ...ask, prediction: { type: 'content', content: code } });
+  t.ok(close(predicted.cost_usd.worst_case! - plain.cost_usd.worst_case!, (Buffer.byteLength(code) * 20) / 1e6), `${Buffer.byteLength(code)} bytes at $20/M output`);
+});
