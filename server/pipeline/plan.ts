@@ -480,8 +480,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
   const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
   const worstPrompt = worstPromptTokens(rows);
-  const predicted = upstream.billing === 'metered' && price && !excerptOnly ? await predictionTokens(gw, upstream, valid) : 0;
-  const worst = upstream.billing === 'metered' && price && !excerptOnly ? worstCaseUsd({ price, promptTokens: worstPrompt, allowance: rows.allowance + predicted }) : null;
+  const priced = upstream.billing === 'metered' && !excerptOnly ? price : null;
+  const predicted = priced && valid.body.prediction != null ? await predictionTokens(gw, upstream, valid) : 0;
+  const worst = priced ? worstCaseUsd({ price: priced, promptTokens: worstPrompt, allowance: rows.allowance + predicted }) : null;
 
   return {
     id: `req-${uuidV7()}`,
