@@ -121,23 +121,21 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
 
     // A client route's key is checked while its body arrives; once it has failed, the body is
     // counted and not kept past UNAUTHENTICATED_BODY_BYTES.
-    let keyFailed = false;
+    let key: 'checking' | 'passed' | 'failed' = 'checking';
     let unread = false;
     const dropUnauthenticated = () => {
-      if (keyFailed && !unread && total > UNAUTHENTICATED_BODY_BYTES) {
+      if (key === 'failed' && !unread && total > UNAUTHENTICATED_BODY_BYTES) {
         unread = true;
         chunks.length = 0;
       }
     };
-    let keyKnown = false;
     const keyChecked = request.routeOptions.url?.startsWith('/v1/')
       ? clientPrincipal(request).then(
           () => {
-            keyKnown = true;
+            key = 'passed';
           },
           () => {
-            keyKnown = true;
-            keyFailed = true;
+            key = 'failed';
             dropUnauthenticated();
           },
         )
@@ -146,7 +144,7 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     // that takes its time) waits for the answer before more of it is read.
     let waiting = false;
     const waitForKey = () => {
-      if (waiting || keyKnown || keyChecked === null || total <= UNAUTHENTICATED_BODY_BYTES) return;
+      if (waiting || key !== 'checking' || keyChecked === null || total <= UNAUTHENTICATED_BODY_BYTES) return;
       waiting = true;
       payload.pause();
       void keyChecked.then(() => {
