@@ -54,6 +54,16 @@ export function upstreamError(err: unknown, upstream: string): GatewayError {
   return new GatewayError('upstream_unreachable', `upstream "${upstream}" could not be reached: ${reason}`, { upstream }, null, { cause: err });
 }
 
+/** An upstream answered, but with nothing usable: named like the other upstream failures. */
+export function badUpstreamResponse(upstream: string, what: string, cause?: unknown): GatewayError {
+  return new GatewayError('upstream_bad_response', `upstream "${upstream}" ${what}`, { upstream }, null, cause === undefined ? undefined : { cause });
+}
+
+/** The same failure said inside a stream already under way (an SSE `error` event's object). */
+export function badUpstreamStream(upstream: string, what: string): Record<string, unknown> {
+  return badUpstreamResponse(upstream, what).toEnvelope().error;
+}
+
 export async function forward(plan: Plan, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
   const { upstream } = plan;
   const headers: Record<string, string> = {

@@ -4,7 +4,8 @@
 
 import type { Dispatcher } from 'undici';
 import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
-import { GatewayError, quotingUpstream } from '../errors.js';
+import { quotingUpstream } from '../errors.js';
+import { badUpstreamResponse } from './forward.js';
 import type { Plan } from './plan.js';
 import { writtenText } from './output-meter.js';
 
@@ -32,14 +33,14 @@ function isObject(v: unknown): v is Json {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
-export async function readText(body: Dispatcher.ResponseData['body'], limit = MAX_RESPONSE_BYTES): Promise<string> {
+export async function readText(body: Dispatcher.ResponseData['body'], upstream: string, limit = MAX_RESPONSE_BYTES): Promise<string> {
   const chunks: Buffer[] = [];
   let total = 0;
   for await (const chunk of body) {
     total += (chunk as Buffer).length;
     if (total > limit) {
       body.destroy();
-      throw new GatewayError('upstream_bad_response', `upstream response is larger than ${limit} bytes`);
+      throw badUpstreamResponse(upstream, `sent a response larger than ${limit} bytes`);
     }
     chunks.push(chunk as Buffer);
   }
@@ -52,19 +53,19 @@ function choiceText(choice: Json): string {
 }
 
 export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): Promise<JsonOutcome> {
-  const text = await readText(upstream.body);
+  const text = await readText(upstream.body, plan.upstream.name);
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
   } catch {
-    throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not JSON`);
+    throw badUpstreamResponse(plan.upstream.name, 'sent a response that is not JSON');
   }
-  if (!isObject(parsed)) throw new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" sent a response that is not a JSON object`);
+  if (!isObject(parsed)) throw badUpstreamResponse(plan.upstream.name, 'sent a response that is not a JSON object');
   // A provider that reports a failure in a 200 (an error object and no answer) failed all the same.
   if (isObject(parsed.error) && !Array.isArray(parsed.choices) && !Array.isArray(parsed.data)) {
     const message = typeof parsed.error.message === 'string' ? parsed.error.message : JSON.stringify(parsed.error);
     throw quotingUpstream(
-      new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered 200 with an error: ${message}`),
+      badUpstreamResponse(plan.upstream.name, `answered 200 with an error: ${message}`),
       `upstream "${plan.upstream.name}" answered 200 with an error (its message is not logged: it may repeat the prompt)`,
     );
   }

@@ -13,6 +13,7 @@ import { OutputMeter, answerText, deltaText, writtenText } from './output-meter.
 import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
+import { badUpstreamStream } from './forward.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -276,13 +277,13 @@ export async function relayStream(
     // not a whole one (a clean end of the connection part way through, or no events at all).
     if (!done && !out.clientGone && out.upstreamError === null && finished.size < choicesExpected) {
       if (sawData) out.upstreamLost = true;
-      else out.upstreamError = { message: `upstream "${plan.upstream.name}" answered a stream request with no events`, type: 'upstream_error', param: null, code: 'upstream_bad_response' };
+      else out.upstreamError = badUpstreamStream(plan.upstream.name, 'answered a stream request with no events');
     }
   } catch (err) {
     // An event that never ends is a broken answer, said as such. A read that failed because the
     // client left (the gateway aborted the upstream for it) is the client's leaving; anything else
     // lost the upstream.
-    if (err instanceof SseEventTooLarge) out.upstreamError = { message: `upstream "${plan.upstream.name}" sent a broken stream: ${err.message}`, type: 'upstream_error', param: null, code: 'upstream_bad_response' };
+    if (err instanceof SseEventTooLarge) out.upstreamError = badUpstreamStream(plan.upstream.name, `sent a broken stream: ${err.message}`);
     else if (res.destroyed) out.clientGone = true;
     else out.upstreamLost = true;
   }
@@ -321,7 +322,7 @@ export async function relayStream(
     } else {
       // Otherwise the client is told, as the provider would tell it: an error event, on which the
       // OpenAI SDKs throw an APIError — an agent must not take a broken answer for a whole one.
-      write(sseData({ error: out.upstreamError ?? (draining() ? SHUTTING_DOWN : LOST) }));
+      write(sseData({ error: out.upstreamError ?? (draining() ? SHUTTING_DOWN : lost(plan.upstream.name)) }));
     }
   }
   out.started = started;
@@ -347,12 +348,9 @@ function drainRest(body: Readable): void {
   body.resume();
 }
 
-const LOST: Json = {
-  message: 'the upstream connection was lost part way through the stream',
-  type: 'upstream_error',
-  param: null,
-  code: 'upstream_lost',
-};
+function lost(upstream: string): Json {
+  return { message: `the connection to upstream "${upstream}" was lost part way through the stream`, type: 'upstream_error', param: null, code: 'upstream_lost', upstream };
+}
 
 const SHUTTING_DOWN: Json = {
   message: 'the gateway is shutting down: the stream was ended before the model finished; what was generated is charged',

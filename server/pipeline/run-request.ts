@@ -12,7 +12,7 @@ import { validateRequest, type EndpointKind } from './endpoints.js';
 import { planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
-import { forward, normaliseUpstreamError, upstreamErrorIsFinal } from './forward.js';
+import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamErrorIsFinal } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
@@ -256,7 +256,7 @@ async function relayAdmitted(
       if (abort.signal.aborted) throw err;
       if (err instanceof GatewayError && err.code === 'upstream_bad_response') return badResponse(err);
       // The upstream's connection broke while its answer was read: nothing usable came.
-      return badResponse(new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" broke off its answer: ${(err as Error).message}`, {}, null, { cause: err }));
+      return badResponse(badUpstreamResponse(plan.upstream.name, `broke off its answer: ${(err as Error).message}`, err));
     }
     upstreamMs = performance.now() - tForward;
     // The gateway counts the output itself only where the provider's figure cannot be trusted.
@@ -391,7 +391,7 @@ function notAStream(plan: Plan, text: string): GatewayError {
     // not JSON: its start is the message
   }
   return quotingUpstream(
-    new GatewayError('upstream_bad_response', `upstream "${plan.upstream.name}" answered a stream request with no event stream: ${message || 'an empty body'}`),
+    badUpstreamResponse(plan.upstream.name, `answered a stream request with no event stream: ${message || 'an empty body'}`),
     `upstream "${plan.upstream.name}" answered a stream request with no event stream (its message is not logged: it may repeat the prompt)`,
   );
 }
@@ -404,7 +404,7 @@ const ERROR_BODY_BYTES = 1024 * 1024;
  * echoes the request's headers in its error must not hand the gateway's key to the client.
  */
 async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<string> {
-  const text = await readText(res.body, ERROR_BODY_BYTES).catch(() => '');
+  const text = await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => '');
   const key = plan.upstream.apiKey;
   return key && key.length >= 8 ? text.split(key).join('[redacted]') : text;
 }

@@ -154,7 +154,7 @@ t.test('OpenAI upstream lost mid-stream: the SDK throws an APIError, charged pro
   t.equal(text, ' hi hi hi hi', 'the four tokens that came');
   t.equal(finish, null, 'no finish_reason pretends the answer ended');
   t.ok(err instanceof OpenAI.APIError, 'an APIError');
-  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /upstream connection was lost/);
+  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /the connection to upstream "openai" was lost/);
   t.equal((err as InstanceType<typeof OpenAI.APIError>).code, 'upstream_lost');
   const reserved = Number(response.headers.get('x-tollgate-reserved-tokens'));
   // 2. prompt + 4 charged, 26 refunded; the ledger records an upstream failure
@@ -199,7 +199,7 @@ t.test('llama.cpp upstream lost mid-stream: an error event, then the settled fig
   t.equal(res.status, 200);
   const text = await res.text();
   // 1. an error event for the lost upstream (no finish_reason), the settled comment, then [DONE]
-  t.match(text, /data: \{"error":\{"message":"the upstream connection was lost part way through the stream","type":"upstream_error","param":null,"code":"upstream_lost"\}\}/);
+  t.match(text, /data: \{"error":\{"message":"the connection to upstream \\"[^"\\]+\\" was lost part way through the stream","type":"upstream_error","param":null,"code":"upstream_lost","upstream":"[^"]+"\}\}/);
   t.notMatch(text, /"finish_reason":"length"/);
   t.ok(text.endsWith('data: [DONE]\n\n'));
   const trailer = /^: tollgate (.*)$/m.exec(text);

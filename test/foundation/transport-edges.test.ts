@@ -40,7 +40,7 @@ t.test('an upstream that breaks off a non-streamed answer: 502 upstream_bad_resp
   const gw = await startGateway(t, { upstreams: [openaiUpstream(await brokenUpstream(t, 'break'))] });
   const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(chat) });
   t.equal(res.status, 502);
-  t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_bad_response', message: /broke off its answer/ });
+  t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_bad_response', message: /broke off its answer/, upstream: 'openai' });
   const [row] = await rows(gw);
   t.match(row, { status: 502, charge_tokens: 0 });
 });
@@ -151,7 +151,7 @@ t.test('a stream event that never ends: an error event, the upstream let go, wha
   t.equal(res.status, 200, 'the stream had started');
   const text = await res.text();
   t.match(text, /"content":"Hello"/);
-  t.match(text, /data: \{"error":\{"message":"upstream \\"openai\\" sent a broken stream: an event of the upstream's stream passed 16777216 characters without ending","type":"upstream_error","param":null,"code":"upstream_bad_response"\}\}/);
+  t.match(text, /data: \{"error":\{"message":"upstream \\"openai\\" sent a broken stream: an event of the upstream's stream passed 16777216 characters without ending","type":"upstream_error","param":null,"code":"upstream_bad_response","upstream":"openai"\}\}/);
   t.ok(text.endsWith('data: [DONE]\n\n'));
   t.ok(text.length < 64 * 1024, `the endless event was not passed on (${text.length} characters came)`);
   await closed;
@@ -177,7 +177,7 @@ for (const [name, body, generated, code] of [
     const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })] });
     const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...chat, stream: true }) });
     const text = await res.text();
-    t.match(text, new RegExp(`data: \\{"error":\\{[^\\n]*"code":"${code}"\\}\\}`));
+    t.match(text, new RegExp(`data: \\{"error":\\{[^\\n]*"code":"${code}","upstream":"openai"\\}\\}`));
     t.notMatch(text, /this is not/, 'the junk is not passed on');
     const [row] = await rows(gw);
     t.match(row, { status: 502, generated_tokens: generated });

@@ -190,7 +190,7 @@ t.test('an upstream 200 that is not JSON → 502 upstream_bad_response, and the 
   const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${port}`, { billing: 'local' })] });
   const res = await post(gw, chat);
   t.equal(res.status, 502);
-  t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_bad_response' });
+  t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_bad_response', upstream: 'openai', message: 'upstream "openai" sent a response that is not JSON' });
   // Not left reserved (a restart would have charged it in full): settled, nothing charged.
   await wholeRefund(t, gw, 502);
 });
