@@ -266,6 +266,8 @@ export interface Ledger {
   createKey(k: KeyRecord & { hash: string }): Promise<void>;
   deleteKey(id: string): Promise<boolean>;
   findKeyByHash(hash: string): Promise<KeyRecord | null>;
+  /** Whether the operator API has made any key (one made and deleted is none). */
+  hasKeys(): Promise<boolean>;
 
   // Export.
   exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow>;

@@ -126,6 +126,8 @@ const route: FastifyPluginAsync = async (app) => {
     const key = `tg-${randomBytes(24).toString('base64url')}`;
     const keyId = `key-${randomUUID()}`;
     await ledger().createKey({ id: keyId, tenant, name, hash: hashKey(key) });
+    // A gateway that had no keys needs them from now on (server/auth.ts).
+    app.gateway.auth.keysChanged();
     reply.code(201);
     // The key is shown this once; only its hash is kept.
     return { id: keyId, key, tenant, name };
@@ -133,6 +135,7 @@ const route: FastifyPluginAsync = async (app) => {
 
   app.delete<{ Params: { id: string } }>('/admin/keys/:id', async (request) => {
     if (CONTROL.test(request.params.id) || !(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
+    app.gateway.auth.keysChanged();
     return { id: request.params.id, deleted: true };
   });
 

@@ -54,6 +54,8 @@ export interface AppOptions {
   loadTokenizers?: boolean;
   /** How long to wait for another process to let go of the SQLite ledger file (default 35 s; ADR 0016). */
   ledgerLockWaitMs?: number;
+  /** Whether the gateway may serve without any key (default true; server/main.ts: on loopback only). */
+  openWithoutKeys?: boolean;
 }
 
 declare module 'fastify' {
@@ -176,7 +178,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     ledger,
     metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
     upstreams,
-    auth: new Authenticator(config, ledger),
+    auth: new Authenticator(config, ledger, { openWithoutKeys: opts.openWithoutKeys ?? true }),
     counters: gatewayCounters(config, clock),
     prices,
     warnings: new NowAndThen(clock),

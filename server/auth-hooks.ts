@@ -42,7 +42,7 @@ export async function requireAdmin(request: FastifyRequest, _reply: FastifyReply
   if (gw.adminToken && sameSecret(token, gw.adminToken)) return;
   // A client key is a known identity without the right to change limits (SPEC §6): 403.
   const client = await gw.auth.authenticate(authorizationSent(request)).catch(() => null);
-  if (client && (client.keyId !== null || !gw.auth.open)) {
+  if (client && (client.keyId !== null || !(await gw.auth.open()))) {
     throw new GatewayError('forbidden', 'client keys cannot use the operator API');
   }
   if (!gw.adminToken) throw new GatewayError('admin_token_required', 'the operator API is off: set TOLLGATE_ADMIN_TOKEN to enable it');

@@ -28,13 +28,32 @@ export function bearer(header: string | string[] | undefined): string | null {
   return m ? m[1].trim() : null;
 }
 
+/** How long an open gateway trusts its last look at the ledger's keys (another replica may make one). */
+const STORED_KEYS_TTL_MS = 1000;
+
+export interface AuthOptions {
+  /**
+   * Whether the gateway may serve without keys (SPEC §8: on loopback only). False on any other
+   * address: there, a gateway whose operator-made keys were all deleted refuses every request.
+   */
+  openWithoutKeys?: boolean;
+  now?: () => number;
+}
+
 export class Authenticator {
   private readonly configured = new Map<string, { key: KeyConfig; id: string }>();
+  private readonly openWithoutKeys: boolean;
+  private readonly now: () => number;
+  /** The ledger has operator-made keys (as last looked), and until when that look holds. */
+  private stored: { any: boolean; until: number } | null = null;
 
   constructor(
     private readonly config: Config,
     private readonly ledger: Ledger,
+    options: AuthOptions = {},
   ) {
+    this.openWithoutKeys = options.openWithoutKeys ?? true;
+    this.now = options.now ?? Date.now;
     for (const key of config.auth.keys) {
       const hash = hashKey(key.key);
       // A stable, non-secret id for a configured key: a prefix of its hash.
@@ -42,15 +61,29 @@ export class Authenticator {
     }
   }
 
-  /** With no configured keys the gateway is a loopback-only development setup (SPEC §8). */
-  get open(): boolean {
-    return this.config.auth.keys.length === 0;
+  /**
+   * With no keys at all — none in the config, none made with the operator API — the gateway is a
+   * loopback-only development setup where every request is tenant `local` (SPEC §8). One key made
+   * with the operator API is enough to close it: a key the operator made is meant to be needed.
+   */
+  async open(): Promise<boolean> {
+    if (this.configured.size > 0 || !this.openWithoutKeys) return false;
+    const at = this.now();
+    if (this.stored === null || at >= this.stored.until) {
+      this.stored = { any: await this.ledger.hasKeys(), until: at + STORED_KEYS_TTL_MS };
+    }
+    return !this.stored.any;
+  }
+
+  /** The operator API made or deleted a key: look again at the next request. */
+  keysChanged(): void {
+    this.stored = null;
   }
 
   /** `authorization`: the header as sent, every copy of it (IncomingMessage.headersDistinct), or one value. */
   async authenticate(authorization: string | string[] | undefined): Promise<Principal> {
     // Node keeps the first of two Authorization headers: two keys are refused, not one picked.
-    if (Array.isArray(authorization) && authorization.length > 1 && !this.open) {
+    if (Array.isArray(authorization) && authorization.length > 1 && !(await this.open())) {
       throw new GatewayError('invalid_api_key', `Authorization sent ${authorization.length} times: send one key`);
     }
     const token = bearer(authorization);
@@ -61,7 +94,7 @@ export class Authenticator {
       const stored = await this.ledger.findKeyByHash(hash);
       if (stored) return { tenant: stored.tenant, keyId: stored.id, runs: {} };
     }
-    if (this.open) return { tenant: OPEN_TENANT, keyId: null, runs: {} };
+    if (await this.open()) return { tenant: OPEN_TENANT, keyId: null, runs: {} };
     if (!token) {
       // (What it holds is not quoted back: it may be a key sent without its scheme.)
       const sent = Array.isArray(authorization) ? authorization[0] : authorization;

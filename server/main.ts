@@ -51,18 +51,24 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const drainMs = Number(drainText);
-  if (config.auth.keys.length === 0 && !isLoopback(host)) {
-    process.stderr.write(
-      `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config, or listen on 127.0.0.1\n`,
-    );
-    process.exit(2);
-  }
+  const loopback = isLoopback(host);
 
   // The price overrides file is read while the app is built: a bad one is a config problem too.
-  const app = await buildApp({ config, loadTokenizers: true }).catch((err: unknown) => {
+  const app = await buildApp({ config, loadTokenizers: true, openWithoutKeys: loopback }).catch((err: unknown) => {
     exitIfConfigProblem(err);
     throw err;
   });
+  // Keys are the config's or the operator API's (kept in the ledger): with neither, only loopback.
+  if (config.auth.keys.length === 0 && !(await app.gateway.ledger.hasKeys())) {
+    if (!loopback) {
+      process.stderr.write(
+        `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config (or make one with POST /admin/keys on a loopback start), or listen on 127.0.0.1\n`,
+      );
+      await app.close().catch(() => undefined);
+      process.exit(2);
+    }
+    app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
+  }
   let closing = false;
   const shutdown = async (signal: string) => {
     if (closing) return;

@@ -273,6 +273,11 @@ export class PostgresLedger implements Ledger {
     return rows[0] ?? null;
   }
 
+  async hasKeys(): Promise<boolean> {
+    const { rowCount } = await this.pool.query('SELECT 1 FROM api_keys LIMIT 1');
+    return (rowCount ?? 0) > 0;
+  }
+
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
     // Keyset pages: no long-lived cursor or transaction, memory bounded by one page.
     let after = { time: Number.MIN_SAFE_INTEGER, id: '' };

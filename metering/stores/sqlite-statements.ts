@@ -63,6 +63,7 @@ export function prepareSqlite(db: Database.Database) {
     createKey: s('INSERT INTO api_keys (id, tenant, name, hash) VALUES (?, ?, ?, ?)'),
     deleteKey: s('DELETE FROM api_keys WHERE id = ?'),
     findKey: s('SELECT id, tenant, name FROM api_keys WHERE hash = ?'),
+    anyKey: s('SELECT 1 FROM api_keys LIMIT 1'),
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),

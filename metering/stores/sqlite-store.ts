@@ -555,6 +555,10 @@ export class SqliteLedger implements Ledger {
     return k ? { id: k.id, tenant: k.tenant, name: k.name } : null;
   }
 
+  async hasKeys(): Promise<boolean> {
+    return this.q.anyKey.get() !== undefined;
+  }
+
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
     // Keyset pages rather than one open cursor: between pages the connection is free for
     // admissions, and memory stays one page whatever the ledger's size.

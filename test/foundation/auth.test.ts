@@ -8,6 +8,7 @@ import OpenAI from 'openai';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import { sdkStatus } from '../helpers/sdk.js';
+import { collect } from '../helpers/stores.js';
 
 const KEY = 'tg-foundation-key';
 const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8 };
@@ -175,4 +176,41 @@ t.test('hop-by-hop and other client headers are not forwarded', async (t) => {
     t.notOk(values.includes(v), `no client value ${v} upstream`);
   }
   t.equal(seen.headers.authorization, 'Bearer sk-upstream-own');
+});
+
+t.test('a key made with the operator API closes a gateway that had none; deleting the last opens it again (loopback)', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const post = (key?: string) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...(key ? { authorization: `Bearer ${key}` } : {}) }, body: JSON.stringify(chat) });
+  const admin = { authorization: 'Bearer admin-secret', 'content-type': 'application/json' };
+
+  const before = await post('tg-anything');
+  t.equal(before.status, 200, 'no keys anywhere: open, as SPEC §8 says');
+
+  const made = (await (await fetch(`${gw.url}/admin/keys`, { method: 'POST', headers: admin, body: JSON.stringify({ tenant: 'acme' }) })).json()) as { id: string; key: string };
+  const unknown = await post('tg-anything');
+  t.equal(unknown.status, 401, 'an unknown key is refused once a key exists');
+  t.equal(((await unknown.json()) as { error: { code: string } }).error.code, 'invalid_api_key');
+  const none = await post();
+  t.equal(none.status, 401);
+  t.equal(((await none.json()) as { error: { code: string } }).error.code, 'missing_api_key');
+  t.equal((await post(made.key)).status, 200, 'the made key works');
+  const forbidden = await fetch(`${gw.url}/admin/tenants/acme/spend`, { headers: { authorization: 'Bearer tg-anything' } });
+  t.equal(forbidden.status, 401, 'an unknown key is no client on the operator API either');
+
+  t.equal((await fetch(`${gw.url}/admin/keys/${made.id}`, { method: 'DELETE', headers: { authorization: 'Bearer admin-secret' } })).status, 200);
+  t.equal((await post('tg-anything')).status, 200, 'no keys left: open again, on loopback');
+  const rows = await collect(gw.ledger.exportRows(null, null));
+  t.same(rows.map((r) => r.tenant), ['local', 'acme', 'local'], 'the refused requests left no row; the others are billed to who sent them');
+});
+
+t.test('a gateway that may not serve without keys (not on loopback) refuses every request while it has none', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { openWithoutKeys: false });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer tg-anything' }, body: JSON.stringify(chat) });
+  t.equal(res.status, 401);
+  t.equal(upstream.requests.length, 0, 'nothing reached the upstream');
 });

@@ -164,6 +164,28 @@ t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
   t.equal(res.status, 401, 'and the keys are required');
 });
 
+t.test('0.0.0.0 with keys made by the operator API only (none in the config) is allowed, and they are required', async (t) => {
+  const dir = tempDir(t);
+  const config = minimalConfig(dir, {});
+  // A first start on loopback, where the operator makes a key…
+  const port = await freePort();
+  const first = startConfigured(t, dir, config, { TOLLGATE_PORT: String(port), TOLLGATE_ADMIN_TOKEN: 'admin-secret' });
+  await waitHealthy(`http://127.0.0.1:${port}`, first);
+  t.match(first.stdout(), /no client keys \(none in the config, none made with the operator API\): every request is tenant \\"local\\"/, 'an open start says so');
+  const made = await fetch(`http://127.0.0.1:${port}/admin/keys`, { method: 'POST', headers: { authorization: 'Bearer admin-secret', 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'acme' }) });
+  const { key } = (await made.json()) as { key: string };
+  first.child.kill('SIGTERM');
+  await first.exited;
+  // …then the same ledger on every address.
+  const port2 = await freePort();
+  const s = startConfigured(t, dir, config, { TOLLGATE_PORT: String(port2), TOLLGATE_HOST: '0.0.0.0' });
+  await waitHealthy(`http://127.0.0.1:${port2}`, s);
+  t.notMatch(s.stdout(), /no client keys/);
+  t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`)).status, 401, 'no key: refused');
+  t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`, { headers: { authorization: 'Bearer tg-made-up' } })).status, 401, 'an unknown key: refused');
+  t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the made key: served');
+});
+
 /** Resolves with the exit code, or 'listening' once the start-up line says so (killed at teardown). */
 async function exitedOrListening(t: Test, s: Started): Promise<number | null | 'listening'> {
   t.teardown(() => {
