@@ -217,6 +217,10 @@ export interface LedgerRow {
 
 export interface Ledger {
   readonly kind: 'sqlite' | 'postgres';
+  /** Where the ledger is, for a log line: the SQLite file, or PostgreSQL's host, database and schema (no credentials). */
+  readonly location: string;
+  /** This process found no ledger there and made a new, empty one (known once migrated). */
+  readonly createdNow: boolean;
   /** Apply versioned migrations (safe when two replicas start at once). */
   migrate(): Promise<void>;
   /**

@@ -134,6 +134,12 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
       }
       throw err;
     }));
+  // Which ledger this is, and whether it is new: a changed store.path (or a relative one started
+  // from another folder) is a fresh ledger with no spend, keys or caps, and must not pass unsaid.
+  if (!opts.ledger) {
+    if (ledger.createdNow) app.log.warn({ store: ledger.kind, location: ledger.location }, 'created a new, empty ledger: no spend, keys or caps from any earlier ledger apply');
+    else app.log.info({ store: ledger.kind, location: ledger.location }, 'ledger opened');
+  }
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
   // SQLite has one gateway process per file, so every open reservation at start was left by a
   // crash. Replicas sharing PostgreSQL may have requests in flight: there only reservations not

@@ -5,6 +5,7 @@
 //   TOLLGATE_PORT    default 8787
 // (set but empty is the default, as unset: `TOLLGATE_PORT=` in a compose file is not port 0)
 
+import { existsSync } from 'node:fs';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
 
@@ -52,6 +53,14 @@ async function main(): Promise<void> {
   }
   const drainMs = Number(drainText);
   const loopback = isLoopback(host);
+  const refuseWithoutKeys = (): never => {
+    process.stderr.write(
+      `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config (or make one with POST /admin/keys on a loopback start), or listen on 127.0.0.1\n`,
+    );
+    process.exit(2);
+  };
+  // A ledger file that is not there holds no keys either, and a refused start does not make one.
+  if (config.auth.keys.length === 0 && !loopback && config.store.kind === 'sqlite' && !existsSync(config.store.path)) refuseWithoutKeys();
 
   // The price overrides file is read while the app is built: a bad one is a config problem too.
   const app = await buildApp({ config, loadTokenizers: true, openWithoutKeys: loopback }).catch((err: unknown) => {
@@ -61,11 +70,8 @@ async function main(): Promise<void> {
   // Keys are the config's or the operator API's (kept in the ledger): with neither, only loopback.
   if (config.auth.keys.length === 0 && !(await app.gateway.ledger.hasKeys())) {
     if (!loopback) {
-      process.stderr.write(
-        `tollgate: refusing to listen on ${host} without client keys: add auth.keys to the config (or make one with POST /admin/keys on a loopback start), or listen on 127.0.0.1\n`,
-      );
       await app.close().catch(() => undefined);
-      process.exit(2);
+      refuseWithoutKeys();
     }
     app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
   }

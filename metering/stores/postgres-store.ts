@@ -46,14 +46,27 @@ function pgCode(err: unknown): string | undefined {
   return undefined;
 }
 
+/** A PostgreSQL URL's host, port and database, without user or password (for a log line). */
+function serverOf(url: string): string {
+  try {
+    const u = new URL(url);
+    return `${u.host}${u.pathname}`;
+  } catch {
+    return 'postgres';
+  }
+}
+
 export class PostgresLedger implements Ledger {
   readonly kind = 'postgres' as const;
   private readonly pool: pg.Pool;
   private readonly schema: string;
+  readonly location: string;
+  createdNow = false;
 
   constructor(opts: PostgresLedgerOptions) {
     this.schema = opts.schema ?? 'public';
     assertSchemaName(this.schema);
+    this.location = `${serverOf(opts.url)}, schema ${this.schema}`;
     this.pool = new pg.Pool({
       connectionString: opts.url,
       max: opts.maxConnections ?? 10,
@@ -65,6 +78,8 @@ export class PostgresLedger implements Ledger {
   async migrate(): Promise<void> {
     const client = await this.pool.connect();
     try {
+      const { rows } = await client.query<{ t: string | null }>('SELECT to_regclass($1)::text AS t', [`${this.schema}.schema_version`]);
+      this.createdNow = rows[0]?.t === null;
       await migratePostgres(client, this.schema);
     } finally {
       client.release();

@@ -2,6 +2,7 @@
 // better-sqlite3 is synchronous, so every admit/settle runs to completion inside one
 // BEGIN IMMEDIATE transaction: the write lock is taken before the counters are read, which makes
 // read-check-write atomic against other connections and other processes on the same file.
+import { resolve } from 'node:path';
 import Database from 'better-sqlite3';
 import type {
   AdmitResult,
@@ -154,9 +155,15 @@ export class SqliteLedger implements Ledger {
   /** Head moves made inside the open transaction: applied to `lastHashes` once it commits. */
   private headMoves: Array<{ from: string | undefined; to: string }> = [];
 
+  readonly location: string;
+  readonly createdNow: boolean;
+
   constructor(opts: SqliteLedgerOptions) {
     this.owner = opts.owner ?? null;
+    this.location = opts.path === '' || opts.path === ':memory:' ? ':memory:' : resolve(opts.path);
     this.db = new Database(opts.path);
+    // No schema yet: the file is new (or was empty), and this is a ledger with no history.
+    this.createdNow = this.db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").get() === undefined;
     this.db.pragma('journal_mode = WAL');
     this.db.pragma(`synchronous = ${opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL'}`);
     this.db.pragma(`busy_timeout = ${Math.max(0, Math.floor(opts.busyTimeoutMs ?? 5000))}`);

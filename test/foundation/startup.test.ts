@@ -148,6 +148,7 @@ t.test('TOLLGATE_HOST=0.0.0.0 without auth.keys is refused at start', async (t) 
   t.match(s.stderr(), /refusing to listen on 0\.0\.0\.0 without client keys/);
   t.match(s.stderr(), /auth\.keys/, 'says what to add');
   await t.rejects(fetch(`http://127.0.0.1:${port}/healthz`), 'nothing listens');
+  t.same(readdirSync(dir), [], 'no ledger file was made for a refused start');
 });
 
 t.test('0.0.0.0 with auth.keys is allowed', async (t) => {
@@ -172,6 +173,8 @@ t.test('0.0.0.0 with keys made by the operator API only (none in the config) is 
   const first = startConfigured(t, dir, config, { TOLLGATE_PORT: String(port), TOLLGATE_ADMIN_TOKEN: 'admin-secret' });
   await waitHealthy(`http://127.0.0.1:${port}`, first);
   t.match(first.stdout(), /no client keys \(none in the config, none made with the operator API\): every request is tenant \\"local\\"/, 'an open start says so');
+  const lineOf = (out: string, msg: string) => out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === msg);
+  t.match(lineOf(first.stdout(), 'created a new, empty ledger: no spend, keys or caps from any earlier ledger apply'), { level: 40, store: 'sqlite', location: join(dir, 'ledger.db') }, 'a new ledger is said to be new, with where it is');
   const made = await fetch(`http://127.0.0.1:${port}/admin/keys`, { method: 'POST', headers: { authorization: 'Bearer admin-secret', 'content-type': 'application/json' }, body: JSON.stringify({ tenant: 'acme' }) });
   const { key } = (await made.json()) as { key: string };
   first.child.kill('SIGTERM');
@@ -181,6 +184,8 @@ t.test('0.0.0.0 with keys made by the operator API only (none in the config) is 
   const s = startConfigured(t, dir, config, { TOLLGATE_PORT: String(port2), TOLLGATE_HOST: '0.0.0.0' });
   await waitHealthy(`http://127.0.0.1:${port2}`, s);
   t.notMatch(s.stdout(), /no client keys/);
+  t.match(lineOf(s.stdout(), 'ledger opened'), { level: 30, store: 'sqlite', location: join(dir, 'ledger.db') });
+  t.notMatch(s.stdout(), /created a new/);
   t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`)).status, 401, 'no key: refused');
   t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`, { headers: { authorization: 'Bearer tg-made-up' } })).status, 401, 'an unknown key: refused');
   t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the made key: served');

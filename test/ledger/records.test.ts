@@ -19,6 +19,28 @@ import { collect, conversationHead as head, reservation, settlement, storeFactor
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 
 for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: a store says whether it made a new ledger, and where it is (no credentials)`, async (t) => {
+    const { ledger, reopen, sqlitePath } = await factory.create(t);
+    t.equal(ledger.createdNow, true, 'the first open made it');
+    const again = await reopen();
+    t.equal(again.createdNow, false, 'the next open found it');
+    if (sqlitePath) t.equal(again.location, sqlitePath);
+    else {
+      t.match(again.location, /^127\.0\.0\.1:\d+\/\w+, schema tg_test_\w+$/);
+      t.notMatch(again.location, /tollgate:tollgate|@/, 'no user or password');
+    }
+  });
+
+  t.test(`${factory.kind}: API-made keys are known to exist until the last is deleted`, async (t) => {
+    const { ledger } = await factory.create(t);
+    t.equal(await ledger.hasKeys(), false);
+    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+    await ledger.createKey({ id: 'k1', tenant: 'acme', name: null, hash: sha256('tg-one') });
+    t.equal(await ledger.hasKeys(), true);
+    await ledger.deleteKey('k1');
+    t.equal(await ledger.hasKeys(), false);
+  });
+
   t.test(`${factory.kind}: tenants and keys (stored as hashes only)`, async (t) => {
     const { ledger } = await factory.create(t);
     await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 50 });
