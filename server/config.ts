@@ -43,16 +43,19 @@ export interface RunsConfig extends RunBoundsConfig {
   writeTools: string[];
 }
 
+/** A budget as the config gives it: a figure, `null` (none: removes one set before), or not given (the ledger's stays). */
+export type ConfiguredBudget = number | null | undefined;
+
 export interface KeyConfig {
   key: string;
   tenant: string;
-  monthlyBudgetUsd: number | null;
+  monthlyBudgetUsd: ConfiguredBudget;
   runs: Partial<RunBoundsConfig>;
 }
 
 export interface TenantConfig {
   id: string;
-  monthlyBudgetUsd: number | null;
+  monthlyBudgetUsd: ConfiguredBudget;
   runs: Partial<RunBoundsConfig>;
 }
 
@@ -94,6 +97,11 @@ export const DEFAULT_RUNS: RunsConfig = Object.freeze({
 export const TENANT_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
 /** What TENANT_ID asks, for the errors that refuse an id. */
 export const TENANT_ID_RULE = 'must be 1–128 letters, digits or . _ : @ -';
+
+/** `monthlyBudgetUsd` on a key or tenant: absent is "the config says nothing", null is "no budget". */
+function budgetOf(r: Reader): ConfiguredBudget {
+  return r.has('monthlyBudgetUsd') ? (r.numOrNull('monthlyBudgetUsd', null, 0) ?? null) : undefined;
+}
 
 function readRunBounds(r: Reader, partial: boolean): Partial<RunBoundsConfig> {
   const out: Partial<RunBoundsConfig> = {};
@@ -198,13 +206,13 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
       keys: auth.list('keys', [], (k) => ({
         key: k.str('key', undefined)!,
         tenant: k.str('tenant', undefined)!,
-        monthlyBudgetUsd: k.numOrNull('monthlyBudgetUsd', null, 0) ?? null,
+        monthlyBudgetUsd: budgetOf(k),
         runs: readRunBounds(k.obj('runs'), true),
       })),
     },
     tenants: root.list('tenants', [], (t) => ({
       id: t.str('id', undefined)!,
-      monthlyBudgetUsd: t.numOrNull('monthlyBudgetUsd', null, 0) ?? null,
+      monthlyBudgetUsd: budgetOf(t),
       runs: readRunBounds(t.obj('runs'), true),
     })),
     prices: {
@@ -236,7 +244,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
     keys.set(k.key, i);
     // A key's monthlyBudgetUsd is its tenant's (server/configured-tenants.ts): two keys giving one
     // tenant different budgets would leave the last to win, unsaid. The same figure again is fine.
-    if (k.monthlyBudgetUsd !== null) {
+    if (k.monthlyBudgetUsd !== undefined) {
       const from = budgetFrom.get(k.tenant);
       const given = from === undefined ? undefined : config.auth.keys[from].monthlyBudgetUsd;
       if (from === undefined) budgetFrom.set(k.tenant, i);

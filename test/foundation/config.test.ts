@@ -99,9 +99,14 @@ t.test("keys of one tenant give it one monthly budget: a different one is an err
   t.equal(configError(keys(5, 7)), 'auth.keys[1].monthlyBudgetUsd: tenant "t" already has monthlyBudgetUsd 5 from auth.keys[0]');
   // The first key that gives one is named, past keys that give none.
   t.equal(configError(keys(undefined, 5, 5, 0)), 'auth.keys[3].monthlyBudgetUsd: tenant "t" already has monthlyBudgetUsd 5 from auth.keys[1]');
-  // The same figure again, or none (or null) on some keys, is one budget.
+  // The same figure again, or none on some keys, is one budget; null is a budget too (none), so a
+  // key that says null and one that says 5 disagree.
   t.equal(parseConfig(keys(5, 5), {}).auth.keys[1].monthlyBudgetUsd, 5);
-  t.doesNotThrow(() => parseConfig(keys(5, undefined, null, 5), {}));
+  t.equal(configError(keys(5, null)), 'auth.keys[1].monthlyBudgetUsd: tenant "t" already has monthlyBudgetUsd 5 from auth.keys[0]', 'null is a budget too: none');
+  t.equal(parseConfig(keys(undefined, null), {}).auth.keys[1].monthlyBudgetUsd, null);
+  t.equal(parseConfig(keys(undefined, null), {}).auth.keys[0].monthlyBudgetUsd, undefined, 'left out: not given');
+  t.doesNotThrow(() => parseConfig(keys(5, undefined, 5), {}));
+  t.doesNotThrow(() => parseConfig(keys(null, undefined, null), {}));
   // Keys of different tenants are not compared.
   t.doesNotThrow(() => parseConfig({ ...base, auth: { keys: [{ key: 'tg-a', tenant: 'a', monthlyBudgetUsd: 5 }, { key: 'tg-b', tenant: 'b', monthlyBudgetUsd: 7 }] } }, {}));
 });

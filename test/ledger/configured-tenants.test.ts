@@ -42,6 +42,20 @@ for (const factory of storeFactories(t)) {
     t.equal(await ledger.getTenant('local'), null, 'with keys, no `local` tenant is made');
   });
 
+  t.test(`${factory.kind}: \`monthlyBudgetUsd: null\` in the config removes a budget; on tenants[] it wins over a key's`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const key = (budget?: number | null) => ({ key: 'tg-alice', tenant: 'alice', ...(budget === undefined ? {} : { monthlyBudgetUsd: budget }) });
+    await start(ledger, { auth: { keys: [key(1)] } });
+    t.equal((await ledger.getTenant('alice'))?.monthlyBudgetUsd, 1);
+    await start(ledger, { auth: { keys: [key(null)] } });
+    t.equal((await ledger.getTenant('alice'))?.monthlyBudgetUsd, null, 'null on the key: no budget');
+    await start(ledger, { auth: { keys: [key(1)] } });
+    await start(ledger, { auth: { keys: [key(5)] }, tenants: [{ id: 'alice', monthlyBudgetUsd: null }] });
+    t.equal((await ledger.getTenant('alice'))?.monthlyBudgetUsd, null, "null on tenants[] wins over the key's 5");
+    await start(ledger, { auth: { keys: [key(5)] }, tenants: [{ id: 'alice' }] });
+    t.equal((await ledger.getTenant('alice'))?.monthlyBudgetUsd, 5, "a tenants[] entry without a budget leaves the key's");
+  });
+
   t.test(`${factory.kind}: without keys the tenant \`local\` exists from the start`, async (t) => {
     const { ledger } = await factory.create(t);
     await start(ledger, {});
