@@ -25,6 +25,10 @@ export interface PostgresLedgerOptions {
   schema?: string;
   /** Pool size per replica. */
   maxConnections?: number;
+  /** How long to wait for a new connection (default 5 s). */
+  connectTimeoutMs?: number;
+  /** The connections' `application_name` (default `tollgate`; tests tell theirs apart by it). */
+  applicationName?: string;
 }
 
 type Client = pg.PoolClient;
@@ -70,19 +74,55 @@ export class PostgresLedger implements Ledger {
     this.pool = new pg.Pool({
       connectionString: opts.url,
       max: opts.maxConnections ?? 10,
-      options: `-c search_path=${this.schema}`,
+      // Bounds on waiting, so a server that is away or a lock held elsewhere fails a request with an
+      // error instead of holding it (and a connection) for ever: a new connection in 5 s, a lock in
+      // 10 s (admissions of one tenant queue on its month's row, well under that), a statement in
+      // 30 s, and a transaction left idle by a lost client is ended by the server after 60 s.
+      connectionTimeoutMillis: opts.connectTimeoutMs ?? 5_000,
+      options: `-c search_path=${this.schema} -c lock_timeout=10s -c statement_timeout=30s -c idle_in_transaction_session_timeout=60s`,
+      application_name: opts.applicationName ?? 'tollgate',
       types,
+    });
+    // A pooled connection the server ends (a restart, a failover, pg_terminate_backend) is dropped
+    // by the pool, which then says so on this event: unheard, it would end the process.
+    this.pool.on('error', (err) => {
+      this.lastConnectionError = err.message;
     });
   }
 
-  async migrate(): Promise<void> {
+  /** The last error of a pooled connection the server closed while it sat idle (the pool replaced it). */
+  lastConnectionError: string | null = null;
+
+  /** A connection of the pool, listened to while it is out: one the server closes then fails its query, not the process. */
+  private async connect(): Promise<{ client: Client; done: () => void }> {
     const client = await this.pool.connect();
+    let broken: Error | undefined;
+    const onError = (err: Error) => {
+      broken = err;
+      this.lastConnectionError = err.message;
+    };
+    client.on('error', onError);
+    return {
+      client,
+      done: () => {
+        client.off('error', onError);
+        // A broken connection is destroyed, not handed to the next request.
+        client.release(broken);
+      },
+    };
+  }
+
+  async migrate(): Promise<void> {
+    const { client, done } = await this.connect();
     try {
       const { rows } = await client.query<{ t: string | null }>('SELECT to_regclass($1)::text AS t', [`${this.schema}.schema_version`]);
       this.createdNow = rows[0]?.t === null;
+      // A migration may rewrite a large table, and waits for another replica's: not bounded.
+      await client.query('SET statement_timeout = 0; SET lock_timeout = 0');
       await migratePostgres(client, this.schema);
+      await client.query('RESET statement_timeout; RESET lock_timeout');
     } finally {
-      client.release();
+      done();
     }
   }
 
@@ -99,7 +139,7 @@ export class PostgresLedger implements Ledger {
   /** Runs `fn` in a transaction, committed when `keep` says so (by default always), else rolled back. */
   private async tx<T>(fn: (c: Client) => Promise<T>, keep: (out: T) => boolean = () => true): Promise<T> {
     for (let attempt = 1; ; attempt++) {
-      const c = await this.pool.connect();
+      const { client: c, done } = await this.connect();
       try {
         await c.query('BEGIN');
         const out = await fn(c);
@@ -109,7 +149,7 @@ export class PostgresLedger implements Ledger {
         await c.query('ROLLBACK').catch(() => undefined);
         if (attempt >= 5 || !RETRYABLE.has(pgCode(err) ?? '')) throw err;
       } finally {
-        c.release();
+        done();
       }
     }
   }

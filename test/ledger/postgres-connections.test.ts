@@ -1,0 +1,77 @@
+// PostgreSQL connections the server ends — a restart, a failover, pg_terminate_backend — fail the
+// statements that were using them, never the process; the pool then connects again by itself. And
+// a lock held elsewhere fails a request after lock_timeout instead of holding it for ever.
+import t from 'tap';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { PostgresLedger } from '../../metering/stores/postgres-store.js';
+import { reservation } from '../helpers/stores.js';
+
+const url = process.env.TOLLGATE_TEST_PG_URL;
+if (!url) {
+  t.comment('PostgreSQL variant NOT RUN: TOLLGATE_TEST_PG_URL is not set (eval "$(bash .ci/postgres.sh)")');
+} else {
+  const schema = `tg_conn_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+  const app = `tollgate-test-${schema}`;
+  const admin = new pg.Client({ connectionString: url });
+  t.before(async () => {
+    await admin.connect();
+  });
+  t.teardown(async () => {
+    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin.end();
+  });
+  const terminate = async () =>
+    (await admin.query<{ n: number }>('SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = $1', [app])).rows[0]!.n;
+
+  t.test('idle connections ended by the server: the next call connects again', async (t) => {
+    const ledger = new PostgresLedger({ url, schema, applicationName: app });
+    t.teardown(() => ledger.close());
+    await ledger.migrate();
+    await ledger.ping();
+    t.ok((await terminate()) >= 1, 'the pooled connection was ended');
+    // Without a listener on the pool the 'error' event would have ended this process by now.
+    await new Promise((r) => setTimeout(r, 200));
+    t.match(ledger.lastConnectionError, /terminat/);
+    await ledger.ping();
+    t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'and admits again');
+  });
+
+  t.test('a connection ended while it held a transaction fails that request alone', async (t) => {
+    const ledger = new PostgresLedger({ url, schema, applicationName: app });
+    t.teardown(() => ledger.close());
+    await ledger.migrate();
+    const r = reservation({ tenant: 'acme' });
+    // Another session holds the run's row: the admission waits on it, its connection checked out.
+    await ledger.admit(r);
+    const blocker = new pg.Client({ connectionString: url });
+    await blocker.connect();
+    t.teardown(() => blocker.end());
+    await blocker.query('BEGIN');
+    await blocker.query(`SELECT 1 FROM ${schema}.runs WHERE id = $1 FOR UPDATE`, [r.run]);
+    const waiting = ledger.admit(reservation({ tenant: 'acme', run: r.run, conversation: r.conversation }));
+    await new Promise((res) => setTimeout(res, 300));
+    t.ok((await terminate()) >= 1);
+    await t.rejects(waiting, /terminat/, 'the waiting admission fails');
+    await blocker.query('ROLLBACK');
+    t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'the next one is admitted');
+  });
+
+  t.test('a lock held elsewhere fails the request after lock_timeout, not never', async (t) => {
+    const ledger = new PostgresLedger({ url, schema, applicationName: app });
+    t.teardown(() => ledger.close());
+    await ledger.migrate();
+    const r = reservation({ tenant: 'acme' });
+    await ledger.admit(r);
+    const blocker = new pg.Client({ connectionString: url });
+    await blocker.connect();
+    t.teardown(() => blocker.end());
+    await blocker.query('BEGIN');
+    await blocker.query(`SELECT 1 FROM ${schema}.runs WHERE id = $1 FOR UPDATE`, [r.run]);
+    const started = Date.now();
+    await t.rejects(ledger.admit(reservation({ tenant: 'acme', run: r.run, conversation: r.conversation })), /lock timeout/);
+    const waited = Date.now() - started;
+    t.ok(waited >= 9_000 && waited < 20_000, `gave up after ${waited} ms (lock_timeout 10 s)`);
+    await blocker.query('ROLLBACK');
+  });
+}
