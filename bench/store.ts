@@ -109,6 +109,7 @@ async function oneVariant(ids: Ids, slices: number, slice: number): Promise<numb
         tenant: r.tenant,
         model: r.model,
         toolHash: '',
+        serverId: 'bench-server',
         chain,
         prefix: [0, 60, 120, 200, 240],
         lastCostUsd: 0.0001,

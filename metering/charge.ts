@@ -8,7 +8,7 @@ import type { ConversationHead } from './ledger.js';
 export const HEADER_TOKENS_KEPT = 16;
 
 export interface SharedPrefixInput {
-  head: Pick<ConversationHead, 'model' | 'toolHash' | 'chain' | 'prefix' | 'time'> | null;
+  head: Pick<ConversationHead, 'model' | 'toolHash' | 'serverId' | 'chain' | 'prefix' | 'time'> | null;
   /** This request's prefix-chain hashes (chain[i] covers messages[0..i]). */
   chain: string[];
   /** This request's prefix token counts (prefix[k] = leading k messages), or null (no messages). */
@@ -16,7 +16,8 @@ export interface SharedPrefixInput {
   model: string;
   toolHash: string;
   now: number;
-  upstream: { prefixCache: boolean; prefixCacheTtlSeconds: number };
+  /** Where this request goes: its cache settings, and the server behind it (`serverIdOf`). */
+  upstream: { prefixCache: boolean; prefixCacheTtlSeconds: number; serverId: string };
 }
 
 /** How many leading messages two prefix chains have in common. */
@@ -36,7 +37,8 @@ export function sharedMessageCount(previous: string[], current: string[]): numbe
 
 /**
  * Tokens of the rendered leading messages this request shares with the previous one. Nothing is
- * shared across a model or tool-offer change, when the upstream keeps no prompt cache, or when the
+ * shared across a model or tool-offer change, with another server than the one that read the
+ * previous request (its cache is elsewhere), when the upstream keeps no prompt cache, or when the
  * previous request is older than the upstream's cache lifetime.
  */
 export function sharedPrefixTokens(i: SharedPrefixInput): number {
@@ -44,6 +46,9 @@ export function sharedPrefixTokens(i: SharedPrefixInput): number {
   if (!head || !prefix || !i.upstream.prefixCache) return 0;
   if (i.now - head.time > i.upstream.prefixCacheTtlSeconds * 1000) return 0;
   if (head.model !== i.model || head.toolHash !== i.toolHash) return 0;
+  // A head from before servers were recorded (null) counts as this server: an upgrade must not
+  // charge every open conversation in full (ADR 0004).
+  if (head.serverId !== null && head.serverId !== i.upstream.serverId) return 0;
   const k = sharedMessageCount(head.chain, i.chain);
   if (k === 0) return 0;
   // Same messages, same tokenizer: the counts agree; take the smaller to stay conservative.

@@ -127,6 +127,11 @@ export interface ConversationHead {
   model: string;
   /** Hash of tools + tool_choice ('' when none offered). */
   toolHash: string;
+  /**
+   * The server that read the prefix and may hold it cached (the upstream's `serverId`: its kind
+   * and base URL). Null in a head an older build wrote: taken as the same server (ADR 0004).
+   */
+  serverId: string | null;
   /** Prefix-chain hashes: chain[i] identifies messages[0..i] (i.e. i+1 leading messages). */
   chain: string[];
   /** prefix[k] = tokens of the rendered leading k messages (see ChatCount.prefix). */

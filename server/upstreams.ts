@@ -3,6 +3,7 @@
 
 import { Pool, type Dispatcher } from 'undici';
 import type { Billing, Config, UpstreamConfig } from './config.js';
+import { hashOnce } from '../metering/hash-once.js';
 
 export interface Upstream {
   readonly config: UpstreamConfig;
@@ -11,10 +12,23 @@ export interface Upstream {
   readonly origin: string;
   /** Path prefix of the base URL (`/v1` for https://api.openai.com/v1, '' for llama.cpp). */
   readonly basePath: string;
+  /** The server behind it, as a conversation's head records it (`serverIdOf`; ADR 0004). */
+  readonly serverId: string;
   readonly dispatcher: Dispatcher;
   readonly billing: Billing;
   /** The upstream's key, read from `apiKeyEnv` at start. Never logged. */
   readonly apiKey: string | null;
+}
+
+/**
+ * Which server holds a prompt cache: the upstream's kind and its base URL as requests use it
+ * (origin + path, so `http://Host:80/` and `http://host` are one server), not its name — a renamed
+ * upstream still talks to the same cache (ADR 0004). A short digest: a fixed 16 characters in every
+ * head row, however long the URL. Heads keep it, so the form must never change: a changed form
+ * would cost every open conversation one full charge.
+ */
+export function serverIdOf(kind: UpstreamConfig['kind'], origin: string, basePath: string): string {
+  return hashOnce('sha256', `${kind} ${origin}${basePath}`, 'base64url').slice(0, 16);
 }
 
 /** `gpt-*` → /^gpt-.*$/ ; only `*` and `?` are special. */
@@ -30,11 +44,13 @@ export class UpstreamRegistry {
   constructor(config: Config, env: NodeJS.ProcessEnv = process.env, dispatcherFor?: (u: UpstreamConfig) => Dispatcher) {
     this.list = config.upstreams.map((u) => {
       const url = new URL(u.baseUrl);
+      const basePath = url.pathname.replace(/\/+$/, '');
       return {
         config: u,
         name: u.name,
         origin: url.origin,
-        basePath: url.pathname.replace(/\/+$/, ''),
+        basePath,
+        serverId: serverIdOf(u.kind, url.origin, basePath),
         dispatcher:
           dispatcherFor?.(u) ??
           new Pool(url.origin, {

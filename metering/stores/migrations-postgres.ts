@@ -144,6 +144,13 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
   ALTER COLUMN upstream_cache_n TYPE bigint;
 ALTER TABLE heads ALTER COLUMN last_prompt_tokens TYPE bigint, ALTER COLUMN last_output_tokens TYPE bigint;`,
   },
+  {
+    version: 5,
+    // The server that read a head's prefix (its kind and base URL, digested; ADR 0004): another
+    // server shares none of it. Heads written before have none, and count as the same server. A
+    // nullable column without a default: no rewrite of the table, only a moment's lock.
+    sql: `ALTER TABLE heads ADD COLUMN server_id text;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

@@ -144,6 +144,12 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // exactly those (JSON array; ADR 0018). Rows written before have none: they drew on the parent.
     sql: `ALTER TABLE ledger_rows ADD COLUMN grandparents TEXT;`,
   },
+  {
+    version: 5,
+    // The server that read a head's prefix (its kind and base URL, digested; ADR 0004): another
+    // server shares none of it. Heads written before have none, and count as the same server.
+    sql: `ALTER TABLE heads ADD COLUMN server_id TEXT;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

@@ -67,6 +67,7 @@ interface HeadRecord {
   tenant: string;
   model: string;
   tool_hash: string;
+  server_id: string | null;
   chain: string;
   prefix: string;
   last_cost_usd: number | null;
@@ -118,6 +119,7 @@ function headOf(h: Omit<HeadRecord, 'chain' | 'prefix'>, chain: string[], prefix
     tenant: h.tenant,
     model: h.model,
     toolHash: h.tool_hash,
+    serverId: h.server_id,
     chain,
     prefix,
     lastCostUsd: h.last_cost_usd,
@@ -455,6 +457,7 @@ export class SqliteLedger implements Ledger {
       tenant: h.tenant,
       model: h.model,
       tool_hash: h.toolHash,
+      server_id: h.serverId,
       chain: encodeChain(h.chain),
       prefix: JSON.stringify(h.prefix),
       last_hash: lastHash,

@@ -395,7 +395,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // 3. Shared prefix and charge (SPEC §4).
   const toolHash = toolHashOf(valid);
   const promptTokens = rows.sumTokens;
-  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: upstream.config });
+  const cache = { prefixCache: upstream.config.prefixCache, prefixCacheTtlSeconds: upstream.config.prefixCacheTtlSeconds, serverId: upstream.serverId };
+  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: cache });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
 
@@ -436,7 +437,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         model: valid.model,
         toolHash: '',
         now: time,
-        upstream: upstream.config,
+        upstream: cache,
       });
       // The answer uses the reserve: its allowance is what the run has left after its prompt, and
       // what the window leaves after the rewritten prompt (the gateway's instruction is longer than

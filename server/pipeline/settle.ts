@@ -87,6 +87,7 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
     tenant: plan.principal.tenant,
     model: plan.model,
     toolHash: finalAnswer ? '' : plan.toolHash,
+    serverId: plan.upstream.serverId,
     chain: plan.chain,
     prefix: o.refundAll ? plan.chatCount.prefix.map(() => 0) : plan.chatCount.prefix,
     lastCostUsd: o.refundAll ? null : costUsd,

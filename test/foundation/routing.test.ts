@@ -49,3 +49,21 @@ t.test('no match: null (the route answers 404 model_not_found)', async (t) => {
   const route = registry([{ name: 'openai', models: ['gpt-*'] }]);
   t.equal(route('claude-3'), null);
 });
+
+t.test('the server behind an upstream: its kind and base URL as requests use it, never its name (ADR 0004)', async (t) => {
+  const serverOf = (u: { name: string; kind: string; baseUrl: string }) => {
+    const agent = new MockAgent();
+    t.teardown(() => agent.close());
+    const config = parseConfig({ upstreams: [{ ...u, models: ['*'], billing: 'local' }] }, {});
+    return new UpstreamRegistry(config, {}, () => agent).list[0]!.serverId;
+  };
+  const base = serverOf({ name: 'local', kind: 'llamacpp', baseUrl: 'http://10.0.0.5:8080' });
+  t.match(base, /^[A-Za-z0-9_-]{16}$/, 'a short digest');
+  t.equal(serverOf({ name: 'renamed', kind: 'llamacpp', baseUrl: 'http://10.0.0.5:8080' }), base, 'renamed: the same server');
+  t.equal(serverOf({ name: 'local', kind: 'llamacpp', baseUrl: 'http://10.0.0.5:8080/' }), base, 'a trailing slash: the same URL');
+  t.equal(serverOf({ name: 'local', kind: 'openai', baseUrl: 'HTTP://example.COM:80/v1' }), serverOf({ name: 'x', kind: 'openai', baseUrl: 'http://example.com/v1' }), 'scheme and host case, default port');
+  t.not(serverOf({ name: 'local', kind: 'llamacpp', baseUrl: 'http://10.0.0.6:8080' }), base, 'another host');
+  t.not(serverOf({ name: 'local', kind: 'llamacpp', baseUrl: 'http://10.0.0.5:8081' }), base, 'another port');
+  t.not(serverOf({ name: 'local', kind: 'openai', baseUrl: 'http://10.0.0.5:8080' }), base, 'another kind');
+  t.not(serverOf({ name: 'local', kind: 'openai', baseUrl: 'http://10.0.0.5:8080/v1' }), serverOf({ name: 'local', kind: 'openai', baseUrl: 'http://10.0.0.5:8080/v2' }), 'another path');
+});

@@ -144,6 +144,7 @@ export function conversationHead(over: Partial<ConversationHead>): ConversationH
     tenant: 'acme',
     model: 'gpt-4o',
     toolHash: '',
+    serverId: 'server-a',
     chain: ['h1'],
     prefix: [0, 10],
     lastCostUsd: null,

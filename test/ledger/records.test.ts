@@ -90,6 +90,16 @@ for (const factory of storeFactories(t)) {
     t.equal(await ledger.findConversationByChain(null, 'acme', ['a1', 'a2', 'x3'], ['a2']), 'c-old');
   });
 
+  t.test(`${factory.kind}: a head keeps the server that read it, and moves with it`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.putHead(head({ conversation: 'c-s', serverId: 'server-a' }));
+    t.equal((await ledger.getHead('c-s'))?.serverId, 'server-a');
+    await ledger.putHead(head({ conversation: 'c-s', chain: ['h1', 'h2'], prefix: [0, 10, 20], serverId: 'server-b', time: 2000 }));
+    t.equal((await ledger.getHead('c-s'))?.serverId, 'server-b', 'the next turn on another server replaces it');
+    await ledger.putHead(head({ conversation: 'c-s', serverId: null }));
+    t.equal((await ledger.getHead('c-s'))?.serverId, null, 'none recorded reads as none, not as a server');
+  });
+
   t.test(`${factory.kind}: export by time range, in time order, across pages`, async (t) => {
     const { ledger } = await factory.create(t);
     const base = Date.UTC(2025, 5, 1);
@@ -124,7 +134,7 @@ for (const factory of storeFactories(t)) {
     if (store.sqlitePath) {
       const db = new Database(store.sqlitePath, { readonly: true });
       t.teardown(() => db.close());
-      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), [{ version: 1 }, { version: 2 }, { version: 3 }, { version: 4 }], 'each migration applied once');
+      t.same(db.prepare('SELECT version FROM schema_version ORDER BY version').all(), SQLITE_MIGRATIONS.map((m) => ({ version: m.version })), 'each migration applied once');
       t.equal(db.pragma('journal_mode', { simple: true }), 'wal');
     }
   });
@@ -280,5 +290,55 @@ if (pgUrl) {
     await admin.query(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map((_, i) => `$${i + 1}`).join(', ')})`, before.values);
     ledger = await openStore({ kind: 'postgres', url: pgUrl, schema });
     await settlesAfterUpgrade(t, ledger, r);
+  });
+}
+
+/** A head as the builds before servers were recorded wrote it (SQLite schema 4, PostgreSQL 4). */
+const OLD_HEAD = `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
+  last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+  VALUES ('c-old', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 1000)`;
+
+t.test('sqlite: heads written before servers were recorded upgrade to none recorded', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-upgrade-'));
+  const path = join(dir, 'ledger.db');
+  const old = new Database(path);
+  old.exec('CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)');
+  for (const m of SQLITE_MIGRATIONS.filter((m) => m.version <= 4)) {
+    old.exec(m.sql);
+    old.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, 0)').run(m.version);
+  }
+  old.exec(OLD_HEAD);
+  old.close();
+  const ledger = await openStore({ kind: 'sqlite', path });
+  t.teardown(async () => {
+    await ledger.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], lastPromptTokens: 20 }));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-old', 'and is still found');
+});
+
+if (pgUrl) {
+  t.test('postgres: heads written before servers were recorded upgrade to none recorded', async (t) => {
+    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+    const admin = new pg.Client({ connectionString: pgUrl });
+    await admin.connect();
+    let ledger: Ledger | null = null;
+    t.teardown(async () => {
+      await ledger?.close();
+      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await admin.end();
+    });
+    await admin.query(`CREATE SCHEMA ${schema}`);
+    await admin.query(`SET search_path TO ${schema}`);
+    await admin.query('CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL)');
+    for (const m of POSTGRES_MIGRATIONS.filter((m) => m.version <= 4)) {
+      await admin.query(m.sql);
+      await admin.query('INSERT INTO schema_version (version, applied_at) VALUES ($1, 0)', [m.version]);
+    }
+    await admin.query(OLD_HEAD);
+    ledger = await openStore({ kind: 'postgres', url: pgUrl, schema });
+    t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], lastPromptTokens: 20 }));
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-old', 'and is still found');
   });
 }

@@ -102,7 +102,7 @@ t.test('a head kept in memory is used only while the row still ends on it; anoth
     await b.close();
   });
   const head = (chain: string[], time: number, model = 'gpt-4o') => ({
-    conversation: 'c', keyId: 'key-1', tenant: 'acme', model, toolHash: '', chain, prefix: chain.map((_, i) => i * 10).concat(chain.length * 10), lastCostUsd: null, lastPromptTokens: 10, lastOutputTokens: 5, time,
+    conversation: 'c', keyId: 'key-1', tenant: 'acme', model, toolHash: '', serverId: 'server-a', chain, prefix: chain.map((_, i) => i * 10).concat(chain.length * 10), lastCostUsd: null, lastPromptTokens: 10, lastOutputTokens: 5, time,
   });
   await a.putHead(head(['aaaa', 'bbbb'], 1000));
   t.same(await a.getHead('c'), head(['aaaa', 'bbbb'], 1000), 'its own write');
@@ -113,5 +113,7 @@ t.test('a head kept in memory is used only while the row still ends on it; anoth
   t.same(await a.getHead('c'), head(['aaaa', 'dddd'], 2000), 'same time, another last hash: read again');
   await b.putHead({ ...head(['aaaa', 'dddd'], 2000), lastCostUsd: 0.25 });
   t.equal((await a.getHead('c'))?.lastCostUsd, 0.25, 'the short columns are always read fresh');
+  await b.putHead({ ...head(['aaaa', 'dddd'], 2000), serverId: 'server-b' });
+  t.equal((await a.getHead('c'))?.serverId, 'server-b', 'the server among them: a head kept in memory never stands for another server');
   t.equal(await a.getHead('nope'), null);
 });
