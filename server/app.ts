@@ -16,6 +16,7 @@ import { encodingsServed, gatewayCounters } from './counters.js';
 import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
+import { SettlementRetry } from './pipeline/settle-retry.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
@@ -54,6 +55,8 @@ export interface AppOptions {
   loadTokenizers?: boolean;
   /** How long to wait for another process to let go of the SQLite ledger file (default 35 s; ADR 0016). */
   ledgerLockWaitMs?: number;
+  /** How often settlements the ledger refused are tried again (default 5 s; tests shorten it). */
+  settleRetryMs?: number;
   /** Whether the gateway may serve without any key (default true; server/main.ts: on loopback only). */
   openWithoutKeys?: boolean;
 }
@@ -190,6 +193,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     warnings: new NowAndThen(clock),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
+    settleRetry: new SettlementRetry(ledger, inFlight, app.log, opts.settleRetryMs),
     drain,
     clock,
     log: app.log,
@@ -221,6 +225,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
 
   app.addHook('onClose', async () => {
     if (sweep) clearInterval(sweep);
+    await gateway.settleRetry.close();
     await gateway.counters.close();
     await upstreams.close();
     if (!opts.ledger) await ledger.close();

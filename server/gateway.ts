@@ -11,6 +11,7 @@ import type { Counters } from './counters.js';
 import type { PriceTable } from '../pricing/price-table.js';
 import type { NowAndThen } from './log-now-and-then.js';
 import type { PrefixMemo } from '../metering/prefix-memo.js';
+import type { SettlementRetry } from './pipeline/settle-retry.js';
 
 export type Clock = () => number;
 
@@ -28,6 +29,8 @@ export interface Gateway {
   prefixMemo: PrefixMemo;
   /** Ids of this process's reservations admitted and not yet settled (kept alive in the store). */
   inFlight: Set<string>;
+  /** Settlements the ledger could not write when their request ended, written when it can. */
+  settleRetry: SettlementRetry;
   /**
    * Aborted when a stopping gateway can wait no longer for its requests (server/main.ts): each
    * one in flight then stops its upstream call, settles what was generated and ends its response.

@@ -6,7 +6,7 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
-import { GatewayError, quotingUpstream } from '../errors.js';
+import { GatewayError, envelope, quotingUpstream } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
 import { planHeaders, type Plan } from './plan.js';
@@ -82,9 +82,30 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
         (e: unknown) => request.log.error({ err: e, id: plan.id }, 'settling after an error failed: the reservation stays open until recovered'),
       );
     }
+    // A stream the gateway had taken over from Fastify must be ended here: nothing else would.
+    if (reply.sent) return endTakenOver(request, reply, err);
     throw err;
   } finally {
     gw.drain.signal.removeEventListener('abort', onDrain);
+  }
+}
+
+/**
+ * A request that failed after its response was taken over from Fastify (`reply.hijack()`, for a
+ * stream): the error handler cannot answer it, so it is ended here — an error envelope if nothing
+ * was sent yet, else an error event and `[DONE]`, on which the OpenAI SDKs throw — and logged.
+ */
+function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown): void {
+  const raw = reply.raw;
+  const known = err instanceof GatewayError;
+  const body = known ? err.toEnvelope() : envelope('internal_error', 'internal error in the gateway', 'server_error');
+  if (!raw.destroyed && !raw.writableEnded) {
+    if (raw.headersSent) raw.end(`${sseData(body)}data: [DONE]\n\n`);
+    else raw.writeHead(known ? err.status : 500, { 'content-type': 'application/json; charset=utf-8' }).end(JSON.stringify(body));
+  }
+  if (!request.settledLogged) {
+    request.settledLogged = true;
+    request.log.error({ err, status: known ? err.status : 500 }, 'request failed after its response began');
   }
 }
 

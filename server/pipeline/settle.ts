@@ -143,11 +143,14 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   };
   const succeeded = !o.refundAll && o.status < 400;
   const head = headAfter(plan, o, cost.costUsd, tokens.generated);
-  let month: MonthAfterSettle | null;
+  // A ledger that cannot take the settlement now (a full disk, PostgreSQL away) gets it later: the
+  // request ended, and its client is answered with these figures all the same (settle-retry.ts).
+  let month: MonthAfterSettle | null = null;
   try {
     month = await gw.ledger.settle(plan.id, settlement, head);
-  } finally {
     gw.inFlight.delete(plan.id);
+  } catch (err) {
+    gw.settleRetry.add(plan.id, settlement, head, err);
   }
 
   const notices: string[] = [];

@@ -1,0 +1,94 @@
+// Settlements the ledger could not write when their request ended — a full disk, PostgreSQL away
+// or restarting. The upstream had answered, so the client gets its answer; the settlement is kept
+// here and written as soon as the ledger takes it, tried again every few seconds. Its reservation
+// stays in `inFlight` meanwhile, so a replica's sweep does not take it for one a crash left (which
+// would charge it in full). A process that stops with some still unwritten tries once more, and
+// leaves what is left to the recovery at the next start: charged in full, flagged (ADR 0005).
+
+import type { FastifyBaseLogger } from 'fastify';
+import type { ConversationHead, Ledger, Settlement } from '../../metering/ledger.js';
+
+interface Pending {
+  settlement: Settlement;
+  head?: ConversationHead;
+  since: number;
+}
+
+export class SettlementRetry {
+  private readonly pending = new Map<string, Pending>();
+  private timer: NodeJS.Timeout | null = null;
+  private flushing: Promise<void> | null = null;
+  /** The last error the ledger gave a settlement (kept while any is unwritten). */
+  lastError: string | null = null;
+
+  constructor(
+    private readonly ledger: Ledger,
+    private readonly inFlight: Set<string>,
+    private readonly log: FastifyBaseLogger,
+    private readonly everyMs = 5_000,
+  ) {}
+
+  /** How many settlements wait for the ledger. */
+  get size(): number {
+    return this.pending.size;
+  }
+
+  /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
+  add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
+    this.lastError = err instanceof Error ? err.message : String(err);
+    this.pending.set(id, { settlement, head, since: Date.now() });
+    this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.timer !== null || this.pending.size === 0) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.flush();
+    }, this.everyMs);
+    this.timer.unref();
+  }
+
+  /**
+   * Try the waiting settlements, oldest first, until the ledger refuses one: it is then tried last
+   * next time, so one the ledger can never take does not hold the others back.
+   */
+  flush(): Promise<void> {
+    this.flushing ??= this.writeAll().finally(() => {
+      this.flushing = null;
+      this.schedule();
+    });
+    return this.flushing;
+  }
+
+  private async writeAll(): Promise<void> {
+    for (const [id, p] of [...this.pending]) {
+      try {
+        await this.ledger.settle(id, p.settlement, p.head);
+      } catch (err) {
+        this.lastError = err instanceof Error ? err.message : String(err);
+        this.pending.delete(id);
+        this.pending.set(id, p);
+        return;
+      }
+      this.pending.delete(id);
+      this.inFlight.delete(id);
+      this.log.info({ id, waitedMs: Date.now() - p.since }, 'settlement written after the ledger came back');
+    }
+    this.lastError = null;
+  }
+
+  /** At shutdown: one last try; what is still unwritten is left to the recovery at the next start. */
+  async close(): Promise<void> {
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.pending.size === 0) return;
+    await this.flush();
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = null;
+    if (this.pending.size > 0) {
+      this.log.error({ unwritten: [...this.pending.keys()] }, 'stopping with settlements the ledger did not take: the next start settles them in full, flagged recovered');
+    }
+  }
+}

@@ -1,0 +1,86 @@
+// A ledger that cannot take a settlement when its request ends (a full disk, PostgreSQL away): the
+// upstream has answered, so the client gets the answer — not a 500 its SDK would retry, calling the
+// model again — and the settlement is written once the ledger takes it, without a restart.
+import t, { type Test } from 'tap';
+import OpenAI from 'openai';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { openStore } from '../../metering/stores/open-store.js';
+import { collect } from '../helpers/stores.js';
+import type { Ledger } from '../../metering/ledger.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+/** An SQLite ledger whose next `failures` settlements fail as a full disk does. */
+async function failingLedger(t: Test, failures: number): Promise<{ ledger: Ledger; failed: () => number }> {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-settle-retry-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const ledger = await openStore({ kind: 'sqlite', path: join(dir, 'ledger.db') });
+  const settle = ledger.settle.bind(ledger);
+  let failed = 0;
+  ledger.settle = async (...args) => {
+    if (failed < failures) {
+      failed++;
+      throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
+    }
+    return settle(...args);
+  };
+  return { ledger, failed: () => failed };
+}
+
+async function gatewayOn(t: Test, failures: number) {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const { ledger, failed } = await failingLedger(t, failures);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger, settleRetryMs: 50 });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  return { upstream, gw, client, failed };
+}
+
+async function settledSoon(gw: { ledger: Ledger }) {
+  for (let i = 0; i < 100; i++) {
+    const rows = await collect(gw.ledger.exportRows(null, null));
+    if (rows.length > 0 && rows.every((r) => r.state !== 'reserved')) return rows;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return collect(gw.ledger.exportRows(null, null));
+}
+
+t.test('non-streamed: the answer is delivered once, and the settlement written when the ledger takes it', async (t) => {
+  const { upstream, gw, client, failed } = await gatewayOn(t, 3);
+  const { data, response } = await client.chat.completions
+    .create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 })
+    .withResponse();
+  t.equal(response.status, 200, 'not a 500');
+  t.ok(data.choices[0]?.message.content, 'the answer came');
+  t.equal(upstream.requests.length, 1, 'the model was called once (no SDK retry)');
+  t.equal(response.headers.get('x-tollgate-refund-tokens'), '15', 'the figures the ledger will hold');
+  const rows = await settledSoon(gw);
+  t.ok(failed() >= 2, `the ledger refused ${failed()} times`);
+  t.equal(rows.length, 1);
+  t.match(rows[0], { state: 'settled', status: 200, generated_tokens: 5, refund_tokens: 15 }, 'settled with its real figures, not recovered in full');
+  t.equal(gw.app.gateway.inFlight.size, 0);
+  t.equal(gw.app.gateway.settleRetry.size, 0);
+});
+
+t.test('streamed: the stream ends whole (closing comment, [DONE]), and is settled later', async (t) => {
+  const { gw, client } = await gatewayOn(t, 2);
+  const stream = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20, stream: true });
+  let text = '';
+  for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+  t.ok(text.length > 0, 'the answer streamed to its end (the SDK saw [DONE])');
+  const rows = await settledSoon(gw);
+  t.match(rows[0], { state: 'settled', status: 200, generated_tokens: 5 });
+});
+
+t.test('a gateway stopping with a settlement unwritten says so and leaves it to recovery', async (t) => {
+  const { gw, client } = await gatewayOn(t, 1_000_000);
+  const res = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 });
+  t.ok(res.choices[0]);
+  t.equal(gw.app.gateway.settleRetry.size, 1);
+  t.match(gw.app.gateway.settleRetry.lastError, /disk is full/);
+  t.ok(gw.app.gateway.inFlight.size === 1, 'still in flight: kept alive, not swept as a crash');
+  const rows = await collect(gw.ledger.exportRows(null, null));
+  t.equal(rows[0]?.state, 'reserved', 'left reserved: the next start settles it in full');
+});
