@@ -2,15 +2,29 @@
 
 import type { FastifyPluginAsync } from 'fastify';
 
+const PING_TIMEOUT_MS = 2_000;
+
+function withTimeout<T>(work: Promise<T>, ms: number, message: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(message)), ms);
+  });
+  return Promise.race([work, late]).finally(() => clearTimeout(timer));
+}
+
 const route: FastifyPluginAsync = async (app) => {
   app.get('/healthz', async () => ({ status: 'ok' }));
 
   app.get('/readyz', async (_request, reply) => {
     const gw = app.gateway;
-    let store: { ok: boolean; kind: string; error?: string };
+    // The store answers within 2 s, and takes what it is given: settlements it refused (a full
+    // disk, a server away) are tried again every few seconds, so this turns ready by itself once
+    // they are written (server/pipeline/settle-retry.ts).
+    let store: { ok: boolean; kind: string; error?: string; settlements_waiting?: number };
     try {
-      await gw.ledger.ping();
-      store = { ok: true, kind: gw.ledger.kind };
+      await withTimeout(gw.ledger.ping(), PING_TIMEOUT_MS, `the ledger did not answer in ${PING_TIMEOUT_MS} ms`);
+      const waiting = gw.settleRetry.size;
+      store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes: ${gw.settleRetry.lastError ?? 'unknown error'}`, settlements_waiting: waiting };
     } catch (err) {
       store = { ok: false, kind: gw.ledger.kind, error: (err as Error).message };
     }

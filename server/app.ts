@@ -17,6 +17,7 @@ import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
+import { guardLedger } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
@@ -184,7 +185,8 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   setMaxListeners(0, drain.signal);
   const gateway: Gateway = {
     config,
-    ledger,
+    // Store failures on the request path are 503 ledger_unavailable (server/ledger-guard.ts).
+    ledger: guardLedger(ledger),
     metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
     upstreams,
     auth: new Authenticator(config, ledger, { openWithoutKeys: opts.openWithoutKeys ?? true }),

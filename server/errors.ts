@@ -24,6 +24,7 @@ export const ERRORS = {
   upstream_bad_response: { status: 502, type: 'upstream_error' },
   upstream_timeout: { status: 504, type: 'upstream_error' },
   shutting_down: { status: 503, type: 'server_error' },
+  ledger_unavailable: { status: 503, type: 'server_error' },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof ERRORS;

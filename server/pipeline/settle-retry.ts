@@ -7,6 +7,7 @@
 
 import type { FastifyBaseLogger } from 'fastify';
 import type { ConversationHead, Ledger, Settlement } from '../../metering/ledger.js';
+import { storeMessage } from '../ledger-guard.js';
 
 interface Pending {
   settlement: Settlement;
@@ -35,7 +36,7 @@ export class SettlementRetry {
 
   /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
   add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
-    this.lastError = err instanceof Error ? err.message : String(err);
+    this.lastError = storeMessage(err);
     this.pending.set(id, { settlement, head, since: Date.now() });
     this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
     this.schedule();
@@ -67,7 +68,7 @@ export class SettlementRetry {
       try {
         await this.ledger.settle(id, p.settlement, p.head);
       } catch (err) {
-        this.lastError = err instanceof Error ? err.message : String(err);
+        this.lastError = storeMessage(err);
         this.pending.delete(id);
         this.pending.set(id, p);
         return;

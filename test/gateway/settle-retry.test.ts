@@ -22,7 +22,7 @@ async function failingLedger(t: Test, failures: number): Promise<{ ledger: Ledge
   ledger.settle = async (...args) => {
     if (failed < failures) {
       failed++;
-      throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
+      throw Object.assign(new Error('database or disk is full'), { name: 'SqliteError', code: 'SQLITE_FULL' });
     }
     return settle(...args);
   };
@@ -62,6 +62,7 @@ t.test('non-streamed: the answer is delivered once, and the settlement written w
   t.match(rows[0], { state: 'settled', status: 200, generated_tokens: 5, refund_tokens: 15 }, 'settled with its real figures, not recovered in full');
   t.equal(gw.app.gateway.inFlight.size, 0);
   t.equal(gw.app.gateway.settleRetry.size, 0);
+  t.equal((await fetch(`${gw.url}/readyz`)).status, 200, 'ready again by itself');
 });
 
 t.test('streamed: the stream ends whole (closing comment, [DONE]), and is settled later', async (t) => {
@@ -83,4 +84,31 @@ t.test('a gateway stopping with a settlement unwritten says so and leaves it to 
   t.ok(gw.app.gateway.inFlight.size === 1, 'still in flight: kept alive, not swept as a crash');
   const rows = await collect(gw.ledger.exportRows(null, null));
   t.equal(rows[0]?.state, 'reserved', 'left reserved: the next start settles it in full');
+  const ready = await fetch(`${gw.url}/readyz`);
+  t.equal(ready.status, 503, 'not ready while the ledger refuses writes');
+  t.match(await ready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger refuses writes: database or disk is full', settlements_waiting: 1 } });
+});
+
+t.test('a store failure before the upstream is called is a 503 ledger_unavailable, and nothing is sent; a bug stays a 500', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const { ledger } = await failingLedger(t, 0);
+  const admit = ledger.admit.bind(ledger);
+  let fail: Error | null = Object.assign(new Error('database or disk is full'), { name: 'SqliteError', code: 'SQLITE_FULL' });
+  ledger.admit = async (r) => {
+    if (fail) throw fail;
+    return admit(r);
+  };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger });
+  const post = () => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 }) });
+  const res = await post();
+  t.equal(res.status, 503);
+  t.same(await res.json(), { error: { message: 'the ledger could not be read or written: database or disk is full', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  fail = new TypeError("Cannot read properties of undefined (reading 'x')");
+  const bug = await post();
+  t.equal(bug.status, 500);
+  t.match(await bug.json(), { error: { code: 'internal_error' } });
+  fail = null;
+  t.equal((await post()).status, 200, 'served again once the store is');
+  t.equal(upstream.requests.length, 1, 'only the admitted request reached the upstream');
 });
