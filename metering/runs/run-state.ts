@@ -199,21 +199,30 @@ export function chainHashes(messages: readonly ChatMessage[], known: readonly st
 }
 
 /**
- * A stable key for the run: which user message it answers — how many user messages the list holds,
- * and the last one's digest. The same for every request of one question's research, different for
- * the next question (even a repeated "go on": the count moves). Nothing else up to the question is
- * in it, so a system prompt rewritten every turn (a clock line, a changed instruction) does not
- * start a new run with a fresh budget and clock (seed 000: such a turn is charged in full, against
- * the same research). With no user message at all the key covers the leading messages before the
- * first assistant or tool turn (the system prompt), which is as stable as such a client allows.
- * Combine it with the conversation id: two conversations asking the same question have the same key.
+ * A stable key for the run: which user message it answers — the last one's digest, and how many
+ * user messages up to it say the same (the first "go on", the second…). The same for every request
+ * of one question's research, different for the next question (even a repeated "go on": its
+ * occurrence moves). Nothing else up to the question is in it, so a system prompt rewritten every
+ * turn (a clock line, a changed instruction) does not start a new run with a fresh budget and
+ * clock (seed 000: such a turn is charged in full, against the same research), and neither does
+ * history compacted during the research (earlier turns replaced by a summary). With no user
+ * message at all the key covers the leading messages before the first assistant or tool turn (the
+ * system prompt), which is as stable as such a client allows. Combine it with the conversation id:
+ * two conversations asking the same question have the same key.
  */
+/** Two messages with the same digest; plain texts that differ are told apart without hashing. */
+function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
+  if (typeof a.content === 'string' && typeof b.content === 'string' && a.content !== b.content) return false;
+  return messageDigest(a) === messageDigest(b);
+}
+
 export function runKey(messages: readonly ChatMessage[], chain?: readonly string[]): string {
   const lastUser = findLastUserIndex(messages);
   if (lastUser >= 0) {
-    let users = 0;
-    for (let i = 0; i <= lastUser; i++) if (messages[i]!.role === 'user') users++;
-    return sha256Hex(`user ${users} ${messageDigest(messages[lastUser]!)}`);
+    const question = messages[lastUser]!;
+    let occurrence = 1;
+    for (let i = 0; i < lastUser; i++) if (messages[i]!.role === 'user' && sameMessage(messages[i]!, question)) occurrence++;
+    return sha256Hex(`question ${occurrence} ${messageDigest(question)}`);
   }
   let anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
   if (anchor < -1) anchor = messages.length - 1;

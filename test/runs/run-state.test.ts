@@ -149,7 +149,14 @@ t.test('runKey is stable within a run and changes with the next question', async
   const goOn = [...next, { role: 'assistant', content: 'more?' }, user('go on')];
   const goOnAgain = [...goOn, { role: 'assistant', content: 'more?' }, user('go on')];
   t.not(runKey(goOnAgain), runKey(goOn), 'a repeated "go on" is a new run');
-  t.not(runKey([user('a'), { role: 'assistant', content: 'x' }, user('b')]), runKey([user('b')]), 'the count of questions is in the key');
+  t.equal(runKey([user('a'), { role: 'assistant', content: 'x' }, user('b')]), runKey([user('b')]), 'earlier, other questions are not in the key');
+  // History compacted during the research (earlier turns replaced by a summary) keeps the run.
+  const long = [{ role: 'system', content: 's' }, user('q0'), { role: 'assistant', content: 'a0' }, user('q1'), ...round(1, 'read', '{}', 'v')];
+  const compacted = [{ role: 'system', content: 's. Summary: q0 was answered with a0.' }, user('q1'), ...round(1, 'read', '{}', 'v'), ...round(2, 'read', '{}', 'w')];
+  t.equal(runKey(compacted), runKey(long), 'a compacted history is the same run');
+  // The second "go on" stays the second while earlier, other turns are compacted away.
+  const compactedGoOn = [{ role: 'system', content: 'summary' }, user('go on'), { role: 'assistant', content: 'more?' }, user('go on')];
+  t.equal(runKey(compactedGoOn), runKey(goOnAgain));
 
   const noUser = [{ role: 'system', content: 's' }, ...round(1, 'read', '{}', 'v')];
   t.equal(runKey(noUser), runKey([...noUser, ...round(2, 'read', '{}', 'w')]), 'anchored on the leading system prompt');
