@@ -8,6 +8,8 @@
 import { existsSync } from 'node:fs';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
+import { isStoreFailure } from './ledger-guard.js';
+
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
@@ -65,6 +67,12 @@ async function main(): Promise<void> {
   // The price overrides file is read while the app is built: a bad one is a config problem too.
   const app = await buildApp({ config, loadTokenizers: true, openWithoutKeys: loopback }).catch((err: unknown) => {
     exitIfConfigProblem(err);
+    // The store could not be reached (PostgreSQL down, say): what it said, and which one, no stack.
+    if (isStoreFailure(err)) {
+      const where = config.store.kind === 'postgres' ? 'the PostgreSQL server of store.url' : `store.path ${config.store.path}`;
+      process.stderr.write(`tollgate: cannot open the ledger (${where}): ${err.message}\n`);
+      process.exit(1);
+    }
     throw err;
   });
   // Keys are the config's or the operator API's (kept in the ledger): with neither, only loopback.

@@ -191,6 +191,15 @@ t.test('0.0.0.0 with keys made by the operator API only (none in the config) is 
   t.equal((await fetch(`http://127.0.0.1:${port2}/v1/models`, { headers: { authorization: `Bearer ${key}` } })).status, 200, 'the made key: served');
 });
 
+t.test('a PostgreSQL store that cannot be reached ends the start with one line naming it, no stack', async (t) => {
+  const dir = tempDir(t);
+  const closed = await freePort();
+  const s = startConfigured(t, dir, { ...minimalConfig(dir, {}), store: { kind: 'postgres', url: `postgres://u:secret-pw@127.0.0.1:${closed}/db` } }, { TOLLGATE_PORT: String(await freePort()) });
+  t.equal(await s.exited, 1);
+  t.match(s.stderr(), /^tollgate: cannot open the ledger \(the PostgreSQL server of store\.url\): connect ECONNREFUSED 127\.0\.0\.1:\d+\n$/);
+  t.notMatch(s.stderr(), /secret-pw/, 'the password is not repeated');
+});
+
 /** Resolves with the exit code, or 'listening' once the start-up line says so (killed at teardown). */
 async function exitedOrListening(t: Test, s: Started): Promise<number | null | 'listening'> {
   t.teardown(() => {
