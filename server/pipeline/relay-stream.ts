@@ -270,6 +270,10 @@ export async function relayStream(
         if (gathered.length > 0 && !res.destroyed && !res.writableEnded) res.write(gathered);
         gathered = '';
       }
+      // A client that reads slower than the model writes holds the upstream back, as a plain proxy
+      // would: the next piece is read once the client has taken this one, so a stream is never
+      // gathered in memory here (the upstream's own body timeout ends a client that stops reading).
+      if (res.writableNeedDrain && !res.destroyed) await drained(res);
       if (out.clientGone) break;
     }
     if (!out.cut && !done) for (const event of parser.end()) if (!handle(event)) break;
@@ -339,6 +343,19 @@ const ignore = () => {};
  * connection goes back to the pool. Destroying the body instead made an AbortError, and formatted
  * its stack, on every stream (~4 % of a streamed request's CPU, bench/RESULTS.md).
  */
+/** Resolves when `res` has written out what it held, or has closed. */
+function drained(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve();
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
+}
+
 function drainRest(body: Readable): void {
   if (body.destroyed || body.readableEnded) return;
   body.on('error', ignore);
