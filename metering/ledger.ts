@@ -280,4 +280,10 @@ export interface Ledger {
 
   // Export.
   exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow>;
+  /**
+   * Retention: delete up to `limit` finished rows (settled or recovered) older than `untilMs`, the
+   * oldest first; returns how many went. Open reservations are never deleted, and no budget, spend
+   * or cap reads these rows (they keep their own counters), so nothing but the export changes.
+   */
+  pruneRows(untilMs: number, limit: number): Promise<number>;
 }

@@ -82,6 +82,8 @@ function timeParam(v: unknown, name: string): number | null {
 const CONTROL = /[\u0000-\u001f\u007f]/;
 
 const EXPORT_YIELD_ROWS = 1000;
+/** Rows deleted per transaction by `DELETE /admin/ledger`: each batch is a few milliseconds of writing. */
+const PRUNE_BATCH_ROWS = 2000;
 const MAX_TIME_MS = 8.64e15;
 
 const route: FastifyPluginAsync = async (app) => {
@@ -178,6 +180,23 @@ const route: FastifyPluginAsync = async (app) => {
       monthly_budget_usd: tenant.monthlyBudgetUsd,
       remaining_usd: tenant.monthlyBudgetUsd === null ? null : roundUsd(Math.max(0, tenant.monthlyBudgetUsd - m.spentUsd - m.reservedUsd)),
     };
+  });
+
+  // Retention: the rows of finished requests before `until` (exclusive, as the export's) are
+  // deleted, a batch per transaction so other requests run between them. Open reservations stay;
+  // spend, budgets and caps keep their own counters and do not change (ADR 0005).
+  app.delete<{ Querystring: { until?: string } }>('/admin/ledger', async (request) => {
+    const until = timeParam(request.query.until, 'until');
+    if (until === null) throw new GatewayError('invalid_request', 'until: required: the rows of requests before this time are deleted', {}, 'until');
+    let deleted = 0;
+    for (;;) {
+      const n = await ledger().pruneRows(until, PRUNE_BATCH_ROWS);
+      deleted += n;
+      if (n < PRUNE_BATCH_ROWS) break;
+      await new Promise((r) => setImmediate(r));
+    }
+    request.log.info({ until: new Date(until).toISOString(), deleted }, 'ledger rows deleted');
+    return { deleted, until: new Date(until).toISOString() };
   });
 
   app.get<{ Querystring: { since?: string; until?: string } }>('/admin/ledger', async (request, reply) => {

@@ -333,6 +333,15 @@ export class PostgresLedger implements Ledger {
     return (rowCount ?? 0) > 0;
   }
 
+  async pruneRows(untilMs: number, limit: number): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      `DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows
+         WHERE time < $1 AND state <> 'reserved' ORDER BY time, id LIMIT $2)`,
+      [untilMs, limit],
+    );
+    return rowCount ?? 0;
+  }
+
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
     // Keyset pages: no long-lived cursor or transaction, memory bounded by one page.
     let after = { time: Number.MIN_SAFE_INTEGER, id: '' };

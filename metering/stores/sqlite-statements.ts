@@ -64,6 +64,8 @@ export function prepareSqlite(db: Database.Database) {
     deleteKey: s('DELETE FROM api_keys WHERE id = ?'),
     findKey: s('SELECT id, tenant, name FROM api_keys WHERE hash = ?'),
     anyKey: s('SELECT 1 FROM api_keys LIMIT 1'),
+    pruneRows: s(`DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows
+      WHERE time < ? AND state <> 'reserved' ORDER BY time, id LIMIT ?)`),
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),

@@ -569,6 +569,10 @@ export class SqliteLedger implements Ledger {
     return this.q.anyKey.get() !== undefined;
   }
 
+  async pruneRows(untilMs: number, limit: number): Promise<number> {
+    return this.q.pruneRows.run(untilMs, limit).changes;
+  }
+
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
     // Keyset pages rather than one open cursor: between pages the connection is free for
     // admissions, and memory stays one page whatever the ledger's size.
