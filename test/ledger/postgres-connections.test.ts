@@ -1,7 +1,7 @@
 // PostgreSQL connections the server ends — a restart, a failover, pg_terminate_backend — fail the
 // statements that were using them, never the process; the pool then connects again by itself. And
 // a lock held elsewhere fails a request after lock_timeout instead of holding it for ever.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { PostgresLedger } from '../../metering/stores/postgres-store.js';
@@ -37,28 +37,9 @@ if (!url) {
     t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'and admits again');
   });
 
-  t.test('a connection ended while it held a transaction fails that request alone', async (t) => {
-    const ledger = new PostgresLedger({ url, schema, applicationName: app });
-    t.teardown(() => ledger.close());
-    await ledger.migrate();
-    const r = reservation({ tenant: 'acme' });
-    // Another session holds the run's row: the admission waits on it, its connection checked out.
-    await ledger.admit(r);
-    const blocker = new pg.Client({ connectionString: url });
-    await blocker.connect();
-    t.teardown(() => blocker.end());
-    await blocker.query('BEGIN');
-    await blocker.query(`SELECT 1 FROM ${schema}.runs WHERE id = $1 FOR UPDATE`, [r.run]);
-    const waiting = ledger.admit(reservation({ tenant: 'acme', run: r.run, conversation: r.conversation }));
-    await new Promise((res) => setTimeout(res, 300));
-    t.ok((await terminate()) >= 1);
-    await t.rejects(waiting, /terminat/, 'the waiting admission fails');
-    await blocker.query('ROLLBACK');
-    t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'the next one is admitted');
-  });
-
-  t.test('a lock held elsewhere fails the request after lock_timeout, not never', async (t) => {
-    const ledger = new PostgresLedger({ url, schema, applicationName: app });
+  /** A ledger, and a second admission into a run whose row another session holds locked: it waits, its connection out. */
+  async function blockedAdmission(t: Test) {
+    const ledger = new PostgresLedger({ url: url!, schema, applicationName: app });
     t.teardown(() => ledger.close());
     await ledger.migrate();
     const r = reservation({ tenant: 'acme' });
@@ -69,7 +50,22 @@ if (!url) {
     await blocker.query('BEGIN');
     await blocker.query(`SELECT 1 FROM ${schema}.runs WHERE id = $1 FOR UPDATE`, [r.run]);
     const started = Date.now();
-    await t.rejects(ledger.admit(reservation({ tenant: 'acme', run: r.run, conversation: r.conversation })), /lock timeout/);
+    const waiting = ledger.admit(reservation({ tenant: 'acme', run: r.run, conversation: r.conversation }));
+    return { ledger, blocker, waiting, started };
+  }
+
+  t.test('a connection ended while it held a transaction fails that request alone', async (t) => {
+    const { ledger, blocker, waiting } = await blockedAdmission(t);
+    await new Promise((res) => setTimeout(res, 300));
+    t.ok((await terminate()) >= 1);
+    await t.rejects(waiting, /terminat/, 'the waiting admission fails');
+    await blocker.query('ROLLBACK');
+    t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'the next one is admitted');
+  });
+
+  t.test('a lock held elsewhere fails the request after lock_timeout, not never', async (t) => {
+    const { blocker, waiting, started } = await blockedAdmission(t);
+    await t.rejects(waiting, /lock timeout/);
     const waited = Date.now() - started;
     t.ok(waited >= 9_000 && waited < 20_000, `gave up after ${waited} ms (lock_timeout 10 s)`);
     await blocker.query('ROLLBACK');

@@ -244,51 +244,67 @@ async function settlesAfterUpgrade(t: Test, ledger: Ledger, r: Reservation) {
   t.ok(Math.abs((await ledger.conversationSpend('top'))!.tasksUsd - 0.3) < 1e-9);
 }
 
-t.test('sqlite: a ledger file from before grandparents were recorded upgrades, and its open rows settle', async (t) => {
+/** An SQLite ledger as a build at schema `version` left it, seeded by `seed`, then opened by this one. */
+async function olderSqlite(t: Test, version: number, seed: (db: Database.Database) => void): Promise<Ledger> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-upgrade-'));
   const path = join(dir, 'ledger.db');
-  const r = reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.5 });
   const old = new Database(path);
   old.exec('CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)');
-  for (const m of SQLITE_MIGRATIONS.filter((m) => m.version <= 3)) {
+  for (const m of SQLITE_MIGRATIONS.filter((m) => m.version <= version)) {
     old.exec(m.sql);
     old.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, 0)').run(m.version);
   }
-  const before = inFlightBeforeUpgrade(r);
-  old.exec(before.conversations);
-  old.prepare(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map(() => '?').join(', ')})`).run(...before.values);
+  seed(old);
   old.close();
   const ledger = await openStore({ kind: 'sqlite', path });
   t.teardown(async () => {
     await ledger.close();
     rmSync(dir, { recursive: true, force: true });
   });
+  return ledger;
+}
+
+/** The same on PostgreSQL, in a schema of its own (dropped at teardown). */
+async function olderPostgres(t: Test, url: string, version: number, seed: (admin: pg.Client) => Promise<void>): Promise<Ledger> {
+  const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
+  const admin = new pg.Client({ connectionString: url });
+  await admin.connect();
+  let ledger: Ledger | null = null;
+  t.teardown(async () => {
+    await ledger?.close();
+    await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin.end();
+  });
+  await admin.query(`CREATE SCHEMA ${schema}`);
+  await admin.query(`SET search_path TO ${schema}`);
+  await admin.query('CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL)');
+  for (const m of POSTGRES_MIGRATIONS.filter((m) => m.version <= version)) {
+    await admin.query(m.sql);
+    await admin.query('INSERT INTO schema_version (version, applied_at) VALUES ($1, 0)', [m.version]);
+  }
+  await seed(admin);
+  ledger = await openStore({ kind: 'postgres', url, schema });
+  return ledger;
+}
+
+t.test('sqlite: a ledger file from before grandparents were recorded upgrades, and its open rows settle', async (t) => {
+  const r = reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.5 });
+  const ledger = await olderSqlite(t, 3, (old) => {
+    const before = inFlightBeforeUpgrade(r);
+    old.exec(before.conversations);
+    old.prepare(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map(() => '?').join(', ')})`).run(...before.values);
+  });
   await settlesAfterUpgrade(t, ledger, r);
 });
 
 if (pgUrl) {
   t.test('postgres: a ledger from before grandparents were recorded upgrades, and its open rows settle', async (t) => {
-    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
-    const admin = new pg.Client({ connectionString: pgUrl });
-    await admin.connect();
-    let ledger: Ledger | null = null;
-    t.teardown(async () => {
-      await ledger?.close();
-      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-      await admin.end();
-    });
     const r = reservation({ conversation: 'mid', parent: 'top', run: 'mid-run', worstCaseUsd: 0.5 });
-    await admin.query(`CREATE SCHEMA ${schema}`);
-    await admin.query(`SET search_path TO ${schema}`);
-    await admin.query('CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL)');
-    for (const m of POSTGRES_MIGRATIONS.filter((m) => m.version <= 2)) {
-      await admin.query(m.sql);
-      await admin.query('INSERT INTO schema_version (version, applied_at) VALUES ($1, 0)', [m.version]);
-    }
-    const before = inFlightBeforeUpgrade(r);
-    await admin.query(before.conversations);
-    await admin.query(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map((_, i) => `$${i + 1}`).join(', ')})`, before.values);
-    ledger = await openStore({ kind: 'postgres', url: pgUrl, schema });
+    const ledger = await olderPostgres(t, pgUrl, 2, async (admin) => {
+      const before = inFlightBeforeUpgrade(r);
+      await admin.query(before.conversations);
+      await admin.query(`INSERT INTO ledger_rows (${before.columns.join(', ')}) VALUES (${before.columns.map((_, i) => `$${i + 1}`).join(', ')})`, before.values);
+    });
     await settlesAfterUpgrade(t, ledger, r);
   });
 }
@@ -298,47 +314,17 @@ const OLD_HEAD = `INSERT INTO heads (conversation, key_id, tenant, model, tool_h
   last_cost_usd, last_prompt_tokens, last_output_tokens, time)
   VALUES ('c-old', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 1000)`;
 
-t.test('sqlite: heads written before servers were recorded upgrade to none recorded', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-upgrade-'));
-  const path = join(dir, 'ledger.db');
-  const old = new Database(path);
-  old.exec('CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)');
-  for (const m of SQLITE_MIGRATIONS.filter((m) => m.version <= 4)) {
-    old.exec(m.sql);
-    old.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, 0)').run(m.version);
-  }
-  old.exec(OLD_HEAD);
-  old.close();
-  const ledger = await openStore({ kind: 'sqlite', path });
-  t.teardown(async () => {
-    await ledger.close();
-    rmSync(dir, { recursive: true, force: true });
-  });
+async function oldHeadReadable(t: Test, ledger: Ledger): Promise<void> {
   t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], lastPromptTokens: 20 }));
   t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-old', 'and is still found');
+}
+
+t.test('sqlite: heads written before servers were recorded upgrade to none recorded', async (t) => {
+  await oldHeadReadable(t, await olderSqlite(t, 4, (old) => old.exec(OLD_HEAD)));
 });
 
 if (pgUrl) {
   t.test('postgres: heads written before servers were recorded upgrade to none recorded', async (t) => {
-    const schema = `tg_test_${randomUUID().replace(/-/g, '').slice(0, 16)}`;
-    const admin = new pg.Client({ connectionString: pgUrl });
-    await admin.connect();
-    let ledger: Ledger | null = null;
-    t.teardown(async () => {
-      await ledger?.close();
-      await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-      await admin.end();
-    });
-    await admin.query(`CREATE SCHEMA ${schema}`);
-    await admin.query(`SET search_path TO ${schema}`);
-    await admin.query('CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL)');
-    for (const m of POSTGRES_MIGRATIONS.filter((m) => m.version <= 4)) {
-      await admin.query(m.sql);
-      await admin.query('INSERT INTO schema_version (version, applied_at) VALUES ($1, 0)', [m.version]);
-    }
-    await admin.query(OLD_HEAD);
-    ledger = await openStore({ kind: 'postgres', url: pgUrl, schema });
-    t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], lastPromptTokens: 20 }));
-    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-old', 'and is still found');
+    await oldHeadReadable(t, await olderPostgres(t, pgUrl, 4, async (admin) => void (await admin.query(OLD_HEAD))));
   });
 }
