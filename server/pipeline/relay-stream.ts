@@ -57,6 +57,8 @@ export async function relayStream(
   startHead: () => void,
   /** True once the gateway stopped the stream because it is shutting down. */
   draining: () => boolean = () => false,
+  /** Aborted when the request is stopped (the client left, the gateway's drain deadline passed). */
+  stopped?: AbortSignal,
 ): Promise<StreamOutcome> {
   const choicesExpected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
   const finished = new Set<number>();
@@ -272,8 +274,12 @@ export async function relayStream(
       }
       // A client that reads slower than the model writes holds the upstream back, as a plain proxy
       // would: the next piece is read once the client has taken this one, so a stream is never
-      // gathered in memory here (the upstream's own body timeout ends a client that stops reading).
-      if (res.writableNeedDrain && !res.destroyed) await drained(res);
+      // gathered in memory here. One that takes nothing for CLIENT_STALL_MS is gone: its response
+      // is destroyed, and the request settles for what was generated.
+      if (res.writableNeedDrain && !res.destroyed && (await drained(res, stopped, Math.min(CLIENT_STALL_MS, plan.upstream.config.timeoutMs))) === 'stalled') {
+        res.destroy();
+        out.clientGone = true;
+      }
       if (out.clientGone) break;
     }
     if (!out.cut && !done) for (const event of parser.end()) if (!handle(event)) break;
@@ -343,16 +349,25 @@ const ignore = () => {};
  * connection goes back to the pool. Destroying the body instead made an AbortError, and formatted
  * its stack, on every stream (~4 % of a streamed request's CPU, bench/RESULTS.md).
  */
-/** Resolves when `res` has written out what it held, or has closed. */
-function drained(res: ServerResponse): Promise<void> {
+/** How long a stream's client may take nothing of what it was sent before it counts as gone. */
+export const CLIENT_STALL_MS = 60_000;
+
+/** Resolves when `res` has written out what it held, has closed, or the request stopped; or after `ms` ('stalled'). */
+function drained(res: ServerResponse, stopped: AbortSignal | undefined, ms: number): Promise<'drained' | 'stalled'> {
+  if (stopped?.aborted) return Promise.resolve('drained');
   return new Promise((resolve) => {
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
+    const done = (how: 'drained' | 'stalled') => () => {
+      clearTimeout(timer);
+      res.off('drain', onDrain);
+      res.off('close', onDrain);
+      stopped?.removeEventListener('abort', onDrain);
+      resolve(how);
     };
-    res.on('drain', done);
-    res.on('close', done);
+    const onDrain = done('drained');
+    const timer = setTimeout(done('stalled'), ms);
+    res.on('drain', onDrain);
+    res.on('close', onDrain);
+    stopped?.addEventListener('abort', onDrain, { once: true });
   });
 }
 

@@ -320,7 +320,7 @@ async function relayAdmitted(
       ...extra,
     });
   const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance, echoOf(plan));
-  const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining);
+  const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining, abort.signal);
   upstreamMs = performance.now() - tForward;
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
   // An upstream that failed before any output refunds the whole reservation, as a failure before
