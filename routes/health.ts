@@ -1,6 +1,8 @@
 // GET /healthz (the process answers) and GET /readyz (the store answers; upstreams reported).
 
 import type { FastifyPluginAsync } from 'fastify';
+import { GatewayError } from '../server/errors.js';
+import { storeFailureCode } from '../server/ledger-guard.js';
 
 const PING_TIMEOUT_MS = 2_000;
 
@@ -24,9 +26,11 @@ const route: FastifyPluginAsync = async (app) => {
     try {
       await withTimeout(gw.ledger.ping(), PING_TIMEOUT_MS, `the ledger did not answer in ${PING_TIMEOUT_MS} ms`);
       const waiting = gw.settleRetry.size;
-      store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes: ${gw.settleRetry.lastError ?? 'unknown error'}`, settlements_waiting: waiting };
+      store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes (${gw.settleRetry.lastCode ?? 'error'})`, settlements_waiting: waiting };
     } catch (err) {
-      store = { ok: false, kind: gw.ledger.kind, error: (err as Error).message };
+      // The store's code, not its words (they can name its host, database or user): this route is public.
+      const code = err instanceof GatewayError && err.cause !== undefined ? storeFailureCode(err.cause) : storeFailureCode(err);
+      store = { ok: false, kind: gw.ledger.kind, error: code === null ? (err as Error).message : `the ledger did not answer (${code})` };
     }
     // Upstreams are reported, not required: one being down must not take the gateway out of a
     // load balancer that also routes to the others.

@@ -183,13 +183,14 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Every request in flight listens on it: no limit on listeners (Node warns past 10).
   const drain = new AbortController();
   setMaxListeners(0, drain.signal);
+  const guarded = guardLedger(ledger);
   const gateway: Gateway = {
     config,
     // Store failures on the request path are 503 ledger_unavailable (server/ledger-guard.ts).
-    ledger: guardLedger(ledger),
+    ledger: guarded,
     metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
     upstreams,
-    auth: new Authenticator(config, ledger, { openWithoutKeys: opts.openWithoutKeys ?? true }),
+    auth: new Authenticator(config, guarded, { openWithoutKeys: opts.openWithoutKeys ?? true }),
     counters: gatewayCounters(config, clock),
     prices,
     warnings: new NowAndThen(clock),

@@ -1,29 +1,49 @@
 // The ledger as the request path sees it: a store that fails — SQLite's disk full or its file
 // locked, PostgreSQL away, a lock or statement timeout — answers the client with a 503
-// `ledger_unavailable` naming what the store said (the SDKs retry a 503), not as a bug in the
-// gateway (a 500). Errors that are not the store's (a TypeError in the gateway's own code) pass
-// on unchanged and stay 500s.
+// `ledger_unavailable` (the SDKs retry a 503), not as a bug in the gateway (a 500). The client is
+// told the store's code only (`SQLITE_FULL`, a SQLSTATE, `ECONNREFUSED`): the store's own words
+// can name its host, database or user, and go to the log. Errors that are not the store's being
+// unavailable (a TypeError in the gateway's code, an SQL error in a statement) stay 500s.
 
+import pg from 'pg';
 import type { Ledger } from '../metering/ledger.js';
 import { GatewayError } from './errors.js';
 
 /** Node's codes for a connection that could not be made or was lost. */
 const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'ETIMEDOUT', 'EHOSTUNREACH', 'EPIPE', 'EAI_AGAIN']);
 
-/** Whether `err` is the store failing: better-sqlite3's SqliteError, PostgreSQL's or its connection's. */
-export function isStoreFailure(err: unknown): err is Error {
-  if (!(err instanceof Error) || err instanceof GatewayError) return false;
+/**
+ * PostgreSQL's SQLSTATE classes that say the server cannot serve now, rather than that a statement
+ * is wrong: connection (08), rollback after contention (40), resources (53), a lock not had in
+ * time (55P03), operator intervention and timeouts (57), system (58), internal (XX).
+ */
+function pgUnavailable(code: string): boolean {
+  return /^(08|40|53|57|58|XX)/.test(code) || code === '55P03';
+}
+
+/** The store's short code for what went wrong, if `err` is the store being unavailable; else null. */
+export function storeFailureCode(err: unknown): string | null {
+  if (!(err instanceof Error) || err instanceof GatewayError) return null;
   const code = (err as { code?: unknown }).code;
-  if (err.name === 'SqliteError') return true;
-  // pg: a server error carries its SQLSTATE (five characters); a lost or refused connection, Node's code or pg's words.
-  if (err.name === 'DatabaseError' && typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return true;
-  if (typeof code === 'string' && NETWORK_CODES.has(code)) return true;
-  return /^Connection terminated|^timeout exceeded when trying to connect|^Client has encountered a connection error/.test(err.message);
+  if (err.name === 'SqliteError') return typeof code === 'string' ? code : 'SQLITE_ERROR';
+  if (err instanceof pg.DatabaseError) return typeof code === 'string' && pgUnavailable(code) ? code : null;
+  if (typeof code === 'string' && NETWORK_CODES.has(code)) return code;
+  if (/^Connection terminated|^Client has encountered a connection error/.test(err.message)) return 'connection lost';
+  if (/^timeout exceeded when trying to connect/.test(err.message)) return 'connect timeout';
+  return null;
+}
+
+export function isStoreFailure(err: unknown): err is Error {
+  return storeFailureCode(err) !== null;
 }
 
 function unavailable(err: unknown): unknown {
-  if (!isStoreFailure(err)) return err;
-  return new GatewayError('ledger_unavailable', `the ledger could not be read or written: ${err.message}`, {}, null, { cause: err });
+  const code = storeFailureCode(err);
+  if (code === null) return err;
+  const e = new GatewayError('ledger_unavailable', `the ledger could not be read or written (${code}); try again shortly`, {}, null, { cause: err });
+  // The log line gets what the store said.
+  e.logMessage = `the ledger could not be read or written: ${(err as Error).message}`;
+  return e;
 }
 
 /** What the store said, under the gateway's `ledger_unavailable` wording if it has it. */

@@ -7,7 +7,13 @@
 
 import type { FastifyBaseLogger } from 'fastify';
 import type { ConversationHead, Ledger, Settlement } from '../../metering/ledger.js';
-import { storeMessage } from '../ledger-guard.js';
+import { storeFailureCode, storeMessage } from '../ledger-guard.js';
+
+/** The store's short code for a failure (the client-safe part of it), whether or not the guard wrapped it. */
+function codeOf(err: unknown): string {
+  const inner = err instanceof Error && err.cause !== undefined && storeFailureCode(err) === null ? err.cause : err;
+  return storeFailureCode(inner) ?? 'error';
+}
 
 interface Pending {
   settlement: Settlement;
@@ -19,8 +25,9 @@ export class SettlementRetry {
   private readonly pending = new Map<string, Pending>();
   private timer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> | null = null;
-  /** The last error the ledger gave a settlement (kept while any is unwritten). */
+  /** The last error the ledger gave a settlement (kept while any is unwritten), and its short code. */
   lastError: string | null = null;
+  lastCode: string | null = null;
 
   constructor(
     private readonly ledger: Ledger,
@@ -37,6 +44,7 @@ export class SettlementRetry {
   /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
   add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
     this.lastError = storeMessage(err);
+    this.lastCode = codeOf(err);
     this.pending.set(id, { settlement, head, since: Date.now() });
     this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
     this.schedule();
@@ -69,6 +77,7 @@ export class SettlementRetry {
         await this.ledger.settle(id, p.settlement, p.head);
       } catch (err) {
         this.lastError = storeMessage(err);
+        this.lastCode = codeOf(err);
         this.pending.delete(id);
         this.pending.set(id, p);
         return;
@@ -78,6 +87,7 @@ export class SettlementRetry {
       this.log.info({ id, waitedMs: Date.now() - p.since }, 'settlement written after the ledger came back');
     }
     this.lastError = null;
+    this.lastCode = null;
   }
 
   /** At shutdown: one last try; what is still unwritten is left to the recovery at the next start. */

@@ -86,7 +86,7 @@ t.test('a gateway stopping with a settlement unwritten says so and leaves it to 
   t.equal(rows[0]?.state, 'reserved', 'left reserved: the next start settles it in full');
   const ready = await fetch(`${gw.url}/readyz`);
   t.equal(ready.status, 503, 'not ready while the ledger refuses writes');
-  t.match(await ready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger refuses writes: database or disk is full', settlements_waiting: 1 } });
+  t.match(await ready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger refuses writes (SQLITE_FULL)', settlements_waiting: 1 } });
 });
 
 t.test('a store failure before the upstream is called is a 503 ledger_unavailable, and nothing is sent; a bug stays a 500', async (t) => {
@@ -103,7 +103,7 @@ t.test('a store failure before the upstream is called is a 503 ledger_unavailabl
   const post = () => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 }) });
   const res = await post();
   t.equal(res.status, 503);
-  t.same(await res.json(), { error: { message: 'the ledger could not be read or written: database or disk is full', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  t.same(await res.json(), { error: { message: 'the ledger could not be read or written (SQLITE_FULL); try again shortly', type: 'server_error', param: null, code: 'ledger_unavailable' } });
   fail = new TypeError("Cannot read properties of undefined (reading 'x')");
   const bug = await post();
   t.equal(bug.status, 500);
@@ -111,4 +111,17 @@ t.test('a store failure before the upstream is called is a 503 ledger_unavailabl
   fail = null;
   t.equal((await post()).status, 200, 'served again once the store is');
   t.equal(upstream.requests.length, 1, 'only the admitted request reached the upstream');
+});
+
+t.test('a store failure while a key is looked up is a 503 too', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const { ledger } = await failingLedger(t, 0);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger });
+  ledger.findKeyByHash = async () => {
+    throw Object.assign(new Error('database is locked'), { name: 'SqliteError', code: 'SQLITE_BUSY' });
+  };
+  const res = await fetch(`${gw.url}/v1/models`, { headers: { authorization: 'Bearer tg-some-key' } });
+  t.equal(res.status, 503);
+  t.match(await res.json(), { error: { code: 'ledger_unavailable', message: 'the ledger could not be read or written (SQLITE_BUSY); try again shortly' } });
 });

@@ -71,3 +71,20 @@ if (!url) {
     await blocker.query('ROLLBACK');
   });
 }
+
+t.test("the gateway's ledger guard tells PostgreSQL's errors apart: the server unable to serve (503), a wrong statement (500)", async (t) => {
+  const { storeFailureCode } = await import('../../server/ledger-guard.js');
+  const refused = new pg.Client({ connectionString: 'postgres://u:p@127.0.0.1:9/db' });
+  const connectErr = await refused.connect().then(() => null, (e: unknown) => e);
+  t.equal(storeFailureCode(connectErr), 'ECONNREFUSED', 'a server that is not there');
+  if (!url) return;
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  t.teardown(() => c.end());
+  const errorOf = (sql: string) => c.query(sql).then(() => null, (e: unknown) => e);
+  await c.query('SET statement_timeout = 50');
+  t.equal(storeFailureCode(await errorOf('SELECT pg_sleep(1)')), '57014', 'a statement timeout');
+  await c.query('SET statement_timeout = 0');
+  t.equal(storeFailureCode(await errorOf('SELECT 1/0')), null, 'division by zero is a bug, not the store away');
+  t.equal(storeFailureCode(await errorOf('SELECT * FROM no_such_table_here')), null, 'so is a missing table');
+});
