@@ -125,3 +125,19 @@ t.test('a store failure while a key is looked up is a 503 too', async (t) => {
   t.equal(res.status, 503);
   t.match(await res.json(), { error: { code: 'ledger_unavailable', message: 'the ledger could not be read or written (SQLITE_BUSY); try again shortly' } });
 });
+
+t.test('a retried settlement whose row was recovered meanwhile (another replica swept it) leaves the recovery standing', async (t) => {
+  const { gw, client, failed } = await gatewayOn(t, 1_000_000);
+  await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 });
+  t.equal(gw.app.gateway.settleRetry.size, 1);
+  // What a replica's sweep does with a reservation not said alive for its threshold.
+  t.equal(await gw.ledger.recoverStale(0, Date.now() + 60_000), 1);
+  // The store takes writes again.
+  (gw.ledger as unknown as { settle: unknown }).settle = Object.getPrototypeOf(gw.ledger).settle;
+  t.ok(failed() >= 1);
+  for (let i = 0; i < 100 && gw.app.gateway.settleRetry.size > 0; i++) await new Promise((r) => setTimeout(r, 20));
+  t.equal(gw.app.gateway.settleRetry.size, 0, 'no longer waiting');
+  t.equal(gw.app.gateway.inFlight.size, 0);
+  const [row] = await collect(gw.ledger.exportRows(null, null));
+  t.match(row, { state: 'recovered', charge_tokens: row!.reserved_tokens }, 'recovered in full, once');
+});
