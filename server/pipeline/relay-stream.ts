@@ -343,12 +343,6 @@ export async function relayStream(
 const AFTER_DONE_MS = 5_000;
 const ignore = () => {};
 
-/**
- * After `[DONE]` the upstream's response is over but for its last bytes (the chunked encoding's
- * end, usually in the same read): they are read, so that the exchange ends as a whole one and its
- * connection goes back to the pool. Destroying the body instead made an AbortError, and formatted
- * its stack, on every stream (~4 % of a streamed request's CPU, bench/RESULTS.md).
- */
 /** How long a stream's client may take nothing of what it was sent before it counts as gone. */
 export const CLIENT_STALL_MS = 60_000;
 
@@ -371,6 +365,12 @@ function drained(res: ServerResponse, stopped: AbortSignal | undefined, ms: numb
   });
 }
 
+/**
+ * After `[DONE]` the upstream's response is over but for its last bytes (the chunked encoding's
+ * end, usually in the same read): they are read, so that the exchange ends as a whole one and its
+ * connection goes back to the pool. Destroying the body instead made an AbortError, and formatted
+ * its stack, on every stream (~4 % of a streamed request's CPU, bench/RESULTS.md).
+ */
 function drainRest(body: Readable): void {
   if (body.destroyed || body.readableEnded) return;
   body.on('error', ignore);
