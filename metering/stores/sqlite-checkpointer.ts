@@ -25,6 +25,10 @@ export const FALLBACK_AUTOCHECKPOINT_PAGES = 10_000;
 export const DEFAULT_AUTOCHECKPOINT_PAGES = 1_000;
 /** Commits between two looks at the WAL's size before the worker runs. */
 const COMMITS_PER_LOOK = 32;
+/** After a checkpoint that failed (a full disk, say), the next one waits this long (ms). */
+export const RETRY_CHECKPOINT_MS = 1_000;
+/** After the worker itself failed, a new one is started no sooner than this (ms). */
+export const RESTART_WORKER_MS = 30_000;
 
 // Plain CommonJS, evaluated by the worker: no TypeScript loader needed, so it starts in ~70 ms.
 const SCRIPT = `
@@ -58,8 +62,12 @@ export interface CheckpointerStats {
    */
   framesCheckpointed: number;
   running: boolean;
-  /** The last error from the worker, if it failed (the gateway's connection then checkpoints). */
+  /** The last error from the worker, if it failed (the gateway's connection then checkpoints until it is restarted). */
   failed: string | null;
+  /** The last checkpoint's error, while checkpoints fail (the worker lives on and tries again). */
+  lastError: string | null;
+  /** Workers started again after one failed. */
+  restarts: number;
 }
 
 type Reply = { ok: true; busy: number; log: number; checkpointed: number } | { ok: false; error: string };
@@ -71,7 +79,9 @@ export class WalCheckpointer {
   private lastStart = 0;
   private commits = 0;
   private closed = false;
-  private readonly s: CheckpointerStats = { checkpoints: 0, framesCheckpointed: 0, running: false, failed: null };
+  private readonly s: CheckpointerStats = { checkpoints: 0, framesCheckpointed: 0, running: false, failed: null, lastError: null, restarts: 0 };
+  /** No checkpoint (or, once failed, no new worker) before this time (ms). */
+  private notBefore = 0;
 
   /**
    * @param setAutocheckpoint sets the gateway connection's own threshold (pages): raised while the
@@ -82,19 +92,26 @@ export class WalCheckpointer {
     private readonly synchronous: 'NORMAL' | 'FULL',
     private readonly setAutocheckpoint: (pages: number) => void,
     private readonly startBytes: number = START_BYTES,
+    private readonly restartAfterMs: number = RESTART_WORKER_MS,
   ) {
     this.walPath = `${path}-wal`;
   }
 
   /** Called after each commit; cheap: a size look every few commits, a message at most every 100 ms. */
   afterCommit(): void {
-    if (this.closed || this.s.failed !== null || this.inFlight) return;
+    if (this.closed || this.inFlight) return;
     if (this.worker === null) {
       if (++this.commits % COMMITS_PER_LOOK !== 0 || this.walBytes() < this.startBytes) return;
+      // A worker that failed is replaced once a while has passed: a cause that has gone (the disk
+      // had filled) must not leave checkpoints on the event loop until the next start.
+      if (this.s.failed !== null) {
+        if (Date.now() < this.notBefore) return;
+        this.s.restarts++;
+      }
       this.start();
     }
     const now = Date.now();
-    if (now - this.lastStart < INTERVAL_MS) return;
+    if (now - this.lastStart < INTERVAL_MS || now < this.notBefore) return;
     this.lastStart = now;
     this.inFlight = true;
     this.worker!.postMessage('checkpoint');
@@ -132,13 +149,19 @@ export class WalCheckpointer {
     w.unref();
     this.worker = w;
     this.s.running = true;
+    this.s.failed = null;
     this.setAutocheckpoint(FALLBACK_AUTOCHECKPOINT_PAGES);
     w.on('message', (r: Reply) => {
       this.inFlight = false;
       if (r.ok) {
         this.s.checkpoints++;
         this.s.framesCheckpointed += r.checkpointed;
-      } else this.fail(r.error);
+        this.s.lastError = null;
+      } else {
+        // The checkpoint failed, not the worker: it tries again a little later.
+        this.s.lastError = r.error;
+        this.notBefore = Date.now() + RETRY_CHECKPOINT_MS;
+      }
     });
     w.on('error', (e) => this.fail(e.message));
     w.on('exit', () => {
@@ -148,6 +171,7 @@ export class WalCheckpointer {
 
   private fail(reason: string): void {
     this.s.failed = reason;
+    this.notBefore = Date.now() + this.restartAfterMs;
     this.s.running = false;
     this.inFlight = false;
     if (!this.closed) this.setAutocheckpoint(DEFAULT_AUTOCHECKPOINT_PAGES);

@@ -2,7 +2,8 @@
 // throws costs the batch a replay, never another request's write), and the WAL checkpointed by a
 // worker thread rather than by the gateway's own connection (ADR 0012).
 import t from 'tap';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import Database from 'better-sqlite3';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
@@ -81,6 +82,32 @@ t.test('a checkpoint worker that fails hands checkpointing back to the connectio
   t.match(cp.stats().failed, /./, `failed: ${cp.stats().failed}`);
   t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES], 'raised while it ran, restored when it failed');
   t.equal(cp.stats().running, false);
+});
+
+t.test('a checkpoint worker that failed is replaced once its cause has gone', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-cp-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'later', 'ledger.db');
+  const settings: number[] = [];
+  const cp = new WalCheckpointer(path, 'NORMAL', (p) => settings.push(p), 0, 50);
+  t.teardown(() => cp.close());
+  for (let i = 0; i < 32; i++) cp.afterCommit();
+  for (let i = 0; i < 300 && cp.stats().failed === null; i++) await sleep(10);
+  t.match(cp.stats().failed, /./, 'the first worker failed: its folder is not there');
+  // The cause goes: the folder and a ledger in WAL mode appear.
+  mkdirSync(join(dir, 'later'));
+  const db = new Database(path);
+  db.pragma('journal_mode = WAL');
+  db.exec('CREATE TABLE t (x); INSERT INTO t VALUES (1)');
+  t.teardown(() => db.close());
+  await sleep(60);
+  for (let i = 0; i < 300 && cp.stats().checkpoints === 0; i++) {
+    cp.afterCommit();
+    await sleep(10);
+  }
+  t.match(cp.stats(), { failed: null, running: true, restarts: 1 }, 'a new worker runs');
+  t.ok(cp.stats().checkpoints >= 1, 'and checkpoints');
+  t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES], 'the connection’s own threshold raised again');
 });
 
 t.test("a head's chain is stored back to back when its hashes share a width, and read back either way", async (t) => {
