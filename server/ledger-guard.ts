@@ -21,11 +21,20 @@ function pgUnavailable(code: string): boolean {
   return /^(08|40|53|57|58|XX)/.test(code) || code === '55P03';
 }
 
+/**
+ * SQLite's result codes (extended ones start with the primary) that say the file cannot be used
+ * now — full, busy or locked, an I/O error, not openable, read-only, damaged, out of memory —
+ * rather than that a statement is wrong (a constraint, a mismatch, a misuse: bugs, still 500s).
+ */
+function sqliteUnavailable(code: string): boolean {
+  return /^SQLITE_(FULL|BUSY|LOCKED|IOERR|CANTOPEN|READONLY|CORRUPT|NOTADB|NOMEM|PROTOCOL)/.test(code);
+}
+
 /** The store's short code for what went wrong, if `err` is the store being unavailable; else null. */
 export function storeFailureCode(err: unknown): string | null {
   if (!(err instanceof Error) || err instanceof GatewayError) return null;
   const code = (err as { code?: unknown }).code;
-  if (err.name === 'SqliteError') return typeof code === 'string' ? code : 'SQLITE_ERROR';
+  if (err.name === 'SqliteError') return typeof code === 'string' && sqliteUnavailable(code) ? code : null;
   if (err instanceof pg.DatabaseError) return typeof code === 'string' && pgUnavailable(code) ? code : null;
   if (typeof code === 'string' && NETWORK_CODES.has(code)) return code;
   if (/^Connection terminated|^Client has encountered a connection error/.test(err.message)) return 'connection lost';

@@ -141,3 +141,11 @@ t.test('a retried settlement whose row was recovered meanwhile (another replica 
   const [row] = await collect(gw.ledger.exportRows(null, null));
   t.match(row, { state: 'recovered', charge_tokens: row!.reserved_tokens }, 'recovered in full, once');
 });
+
+t.test('SQLite errors that say the file cannot be used now are store failures; a violated constraint is a bug', async (t) => {
+  const { storeFailureCode } = await import('../../server/ledger-guard.js');
+  const sqlite = (code: string) => Object.assign(new Error(code), { name: 'SqliteError', code });
+  for (const code of ['SQLITE_FULL', 'SQLITE_BUSY', 'SQLITE_IOERR_WRITE', 'SQLITE_READONLY', 'SQLITE_CANTOPEN']) t.equal(storeFailureCode(sqlite(code)), code);
+  for (const code of ['SQLITE_CONSTRAINT_PRIMARYKEY', 'SQLITE_ERROR', 'SQLITE_MISMATCH', 'SQLITE_RANGE']) t.equal(storeFailureCode(sqlite(code)), null, code);
+  t.equal(storeFailureCode(new TypeError('x')), null);
+});
