@@ -17,7 +17,7 @@ function withTimeout<T>(work: Promise<T>, ms: number, message: string): Promise<
 const route: FastifyPluginAsync = async (app) => {
   app.get('/healthz', async () => ({ status: 'ok' }));
 
-  app.get('/readyz', async (_request, reply) => {
+  app.get('/readyz', async (request, reply) => {
     const gw = app.gateway;
     // The store answers within 2 s, and takes what it is given: settlements it refused (a full
     // disk, a server away) are tried again every few seconds, so this turns ready by itself once
@@ -29,8 +29,10 @@ const route: FastifyPluginAsync = async (app) => {
       store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes (${gw.settleRetry.lastCode ?? 'error'})`, settlements_waiting: waiting };
     } catch (err) {
       // The store's code, not its words (they can name its host, database or user): this route is public.
-      const code = err instanceof GatewayError && err.cause !== undefined ? storeFailureCode(err.cause) : storeFailureCode(err);
-      store = { ok: false, kind: gw.ledger.kind, error: code === null ? (err as Error).message : `the ledger did not answer (${code})` };
+      const inner = err instanceof GatewayError && err.cause !== undefined ? err.cause : err;
+      const code = storeFailureCode(inner) ?? (inner as { code?: unknown }).code;
+      store = { ok: false, kind: gw.ledger.kind, error: `the ledger did not answer (${typeof code === 'string' ? code : 'error'})` };
+      request.log.warn({ err: inner }, 'readiness: the ledger did not answer');
     }
     // Upstreams are reported, not required: one being down must not take the gateway out of a
     // load balancer that also routes to the others.

@@ -13,12 +13,14 @@ import { GatewayError } from './errors.js';
 const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'ETIMEDOUT', 'EHOSTUNREACH', 'EPIPE', 'EAI_AGAIN']);
 
 /**
- * PostgreSQL's SQLSTATE classes that say the server cannot serve now, rather than that a statement
- * is wrong: connection (08), rollback after contention (40), resources (53), a lock not had in
- * time (55P03), operator intervention and timeouts (57), system (58), internal (XX).
+ * PostgreSQL's SQLSTATE classes that say the server cannot serve this gateway now, rather than
+ * that a statement is wrong: connection (08), the login refused (28: a rotated password, a dropped
+ * role), the database gone (3D), rollback after contention (40), resources (53), a lock not had in
+ * time (55P03), operator intervention and timeouts (57), system (58), internal (XX), and a
+ * read-only transaction (25006: a standby after a failover).
  */
 function pgUnavailable(code: string): boolean {
-  return /^(08|40|53|57|58|XX)/.test(code) || code === '55P03';
+  return /^(08|28|3D|40|53|57|58|XX)/.test(code) || code === '55P03' || code === '25006';
 }
 
 /**

@@ -48,7 +48,7 @@ parentPort.on('message', (m) => {
     const r = db.pragma('wal_checkpoint(PASSIVE)')[0];
     parentPort.postMessage({ ok: true, busy: r.busy, log: r.log, checkpointed: r.checkpointed });
   } catch (e) {
-    parentPort.postMessage({ ok: false, error: String(e && e.message || e) });
+    parentPort.postMessage({ ok: false, error: String((e && (e.message || e.code)) || e) });
   }
 });
 `;
@@ -163,7 +163,11 @@ export class WalCheckpointer {
         this.notBefore = Date.now() + RETRY_CHECKPOINT_MS;
       }
     });
-    w.on('error', (e) => this.fail(e.message));
+    // An error thrown in the worker can arrive as a plain object ({ code: 'SQLITE_CANTOPEN' }).
+    w.on('error', (e: unknown) => {
+      const o = e as { message?: unknown; code?: unknown };
+      this.fail(String((typeof o?.message === 'string' && o.message) || (typeof o?.code === 'string' && o.code) || e));
+    });
     w.on('exit', () => {
       if (!this.closed && this.worker === w) this.fail('checkpoint worker exited');
     });

@@ -274,9 +274,12 @@ export async function relayStream(
       }
       // A client that reads slower than the model writes holds the upstream back, as a plain proxy
       // would: the next piece is read once the client has taken this one, so a stream is never
-      // gathered in memory here. One that takes nothing for CLIENT_STALL_MS is gone: its response
-      // is destroyed, and the request settles for what was generated.
-      if (res.writableNeedDrain && !res.destroyed && (await drained(res, stopped, Math.min(CLIENT_STALL_MS, plan.upstream.config.timeoutMs))) === 'stalled') {
+      // gathered in memory here. The kernel says a socket is writable again only once a good part
+      // of its send buffer (up to megabytes) has gone, so a steady slow reader can go a minute or
+      // more between two 'drain's: only one that drains nothing for the upstream's own timeout
+      // (`timeoutMs`, 10 minutes by default) is taken as gone — its response is destroyed, and
+      // the request settles for what was generated.
+      if (res.writableNeedDrain && !res.destroyed && (await drained(res, stopped, plan.upstream.config.timeoutMs)) === 'stalled') {
         res.destroy();
         out.clientGone = true;
       }
@@ -342,9 +345,6 @@ export async function relayStream(
 /** How long an upstream may take to end its response after `[DONE]` before it is cut off. */
 const AFTER_DONE_MS = 5_000;
 const ignore = () => {};
-
-/** How long a stream's client may take nothing of what it was sent before it counts as gone. */
-export const CLIENT_STALL_MS = 60_000;
 
 /** Resolves when `res` has written out what it held, has closed, or the request stopped; or after `ms` ('stalled'). */
 function drained(res: ServerResponse, stopped: AbortSignal | undefined, ms: number): Promise<'drained' | 'stalled'> {

@@ -73,7 +73,7 @@ t.test('a stalled reader stalls the upstream; once it reads, the whole stream co
 
 t.test('a reader that never takes anything more is let go: the upstream is closed and the request settled', async (t) => {
   const { url, state } = await floodingUpstream(t);
-  // The upstream's timeout, when shorter than a minute, bounds how long a client may take nothing.
+  // The upstream's timeout bounds how long a client may drain nothing (10 minutes by default).
   const gw = await startGateway(t, { upstreams: [openaiUpstream(url, { billing: 'local', models: ['m'], contextWindow: null, timeoutMs: 1000 })], runs: { tokenBudget: null } });
   const res = await pausedStream(gw.url);
   t.equal(res.statusCode, 200);

@@ -87,4 +87,16 @@ t.test("the gateway's ledger guard tells PostgreSQL's errors apart: the server u
   await c.query('SET statement_timeout = 0');
   t.equal(storeFailureCode(await errorOf('SELECT 1/0')), null, 'division by zero is a bug, not the store away');
   t.equal(storeFailureCode(await errorOf('SELECT * FROM no_such_table_here')), null, 'so is a missing table');
+  const u = new URL(url);
+  const login = async (change: (x: URL) => void) => {
+    const v = new URL(u);
+    change(v);
+    const other = new pg.Client({ connectionString: v.toString() });
+    return other.connect().then(async () => {
+      await other.end();
+      return null;
+    }, (e: unknown) => e);
+  };
+  t.equal(storeFailureCode(await login((x) => (x.username = 'no_such_role_here'))), '28000', 'a role that is gone: the server will not serve this gateway');
+  t.equal(storeFailureCode(await login((x) => (x.pathname = '/no_such_database_here'))), '3D000', 'a database that is gone');
 });
