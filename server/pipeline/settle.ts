@@ -167,7 +167,12 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // figures come from its own transaction) claims it in the store, once per tenant per month, so
   // concurrent requests and replicas agree. The line is met within a nano-dollar of float dust.
   if (succeeded && cost.costUsd && month !== null && budgetNearReached(month.spentUsd, month.monthlyBudgetUsd ?? null)) {
-    if (await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month)) notices.push(BUDGET_NEAR_NOTICE);
+    // A ledger that fails here has the settlement already: the answer goes out, without the notice.
+    const claimed = await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month).catch((err: unknown) => {
+      gw.log.warn({ err, tenant: plan.principal.tenant }, 'the budget-near notice could not be claimed: not sent');
+      return false;
+    });
+    if (claimed) notices.push(BUDGET_NEAR_NOTICE);
   }
   // A plan turn spends no money, priced or not (ADR 0006): the client is told 0, as the ledger says.
   // What a missing list price leaves unknown is its "of work" value, not its cost.

@@ -128,3 +128,18 @@ t.test("/v1/admission's money budgets: spent is what settled, remaining also tak
   leave.abort();
   t.equal(await inFlight, 'aborted');
 });
+
+t.test('a ledger that fails to claim the budget-near notice still lets the settled answer out, without the notice', async (t) => {
+  const { gw } = await moneyWorld(t, {
+    keys: [{ key: ALICE, tenant: 'alice', monthlyBudgetUsd: 1 }],
+    metered: { providerCost: 0.9, promptTokens: () => 10, completionTokens: 1 },
+  });
+  gw.ledger.claimBudgetNearNotice = async () => {
+    throw Object.assign(new Error('database is locked'), { name: 'SqliteError', code: 'SQLITE_BUSY' });
+  };
+  const r = await chat(gw, ALICE, { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'one item' }], max_tokens: 5 });
+  t.equal(r.status, 200, 'the answer, not a 503 for a notice');
+  t.equal(r.headers.get('x-tollgate-notice'), null);
+  const month = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
+  t.ok(close(month.body.spent_usd as number, 0.9), 'settled');
+});
