@@ -48,6 +48,11 @@ export function isStoreFailure(err: unknown): err is Error {
   return storeFailureCode(err) !== null;
 }
 
+/** A store failure, as the guard said it (`ledger_unavailable`) or as the store threw it. */
+export function isLedgerUnavailable(err: unknown): boolean {
+  return (err instanceof GatewayError && err.code === 'ledger_unavailable') || isStoreFailure(err);
+}
+
 function unavailable(err: unknown): unknown {
   const code = storeFailureCode(err);
   if (code === null) return err;

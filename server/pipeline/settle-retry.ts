@@ -7,7 +7,7 @@
 
 import type { FastifyBaseLogger } from 'fastify';
 import type { ConversationHead, Ledger, Settlement } from '../../metering/ledger.js';
-import { storeFailureCode, storeMessage } from '../ledger-guard.js';
+import { isLedgerUnavailable, storeFailureCode, storeMessage } from '../ledger-guard.js';
 
 /** The store's short code for a failure (the client-safe part of it), whether or not the guard wrapped it. */
 function codeOf(err: unknown): string {
@@ -86,6 +86,13 @@ export class SettlementRetry {
       try {
         settledNow = (await this.ledger.settle(id, p.settlement, p.head)) !== null;
       } catch (err) {
+        if (!isLedgerUnavailable(err)) {
+          // The store answers, and refuses this one: it is left to recovery, not tried for ever.
+          this.pending.delete(id);
+          this.inFlight.delete(id);
+          this.log.error({ err, id }, 'settlement failed once the ledger was back: the reservation is left to recovery');
+          continue;
+        }
         this.lastError = storeMessage(err);
         this.lastCode = codeOf(err);
         this.pending.delete(id);

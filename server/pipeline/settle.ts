@@ -7,6 +7,7 @@ import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } 
 import { settleTokens } from '../../metering/charge.js';
 import { turnCost } from '../../pricing/turn-cost.js';
 import { pricierNotice, budgetNearReached, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
+import { isLedgerUnavailable } from '../ledger-guard.js';
 
 type Json = Record<string, unknown>;
 
@@ -150,7 +151,14 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
     month = await gw.ledger.settle(plan.id, settlement, head);
     gw.inFlight.delete(plan.id);
   } catch (err) {
-    gw.settleRetry.add(plan.id, settlement, head, err);
+    if (isLedgerUnavailable(err)) gw.settleRetry.add(plan.id, settlement, head, err);
+    else {
+      // Not the store being away but something wrong with this settlement: trying again would not
+      // help, and would keep the gateway unready. The reservation is left to the recovery (a
+      // replica's sweep, or the next start), charged in full.
+      gw.inFlight.delete(plan.id);
+      gw.log.error({ err, id: plan.id }, 'settlement failed: the reservation is left to recovery');
+    }
   }
 
   const notices: string[] = [];

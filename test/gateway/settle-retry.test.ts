@@ -149,3 +149,22 @@ t.test('SQLite errors that say the file cannot be used now are store failures; a
   for (const code of ['SQLITE_CONSTRAINT_PRIMARYKEY', 'SQLITE_ERROR', 'SQLITE_MISMATCH', 'SQLITE_RANGE']) t.equal(storeFailureCode(sqlite(code)), null, code);
   t.equal(storeFailureCode(new TypeError('x')), null);
 });
+
+t.test('a settlement that fails for another reason than the store being away is not retried, and leaves the gateway ready', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const { ledger } = await failingLedger(t, 0);
+  ledger.settle = async () => {
+    throw Object.assign(new Error('UNIQUE constraint failed: heads.conversation'), { name: 'SqliteError', code: 'SQLITE_CONSTRAINT_PRIMARYKEY' });
+  };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger, settleRetryMs: 50 });
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  const res = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 });
+  t.ok(res.choices[0], 'the answer still came');
+  t.equal(upstream.requests.length, 1);
+  t.equal(gw.app.gateway.settleRetry.size, 0, 'not kept to retry');
+  t.equal(gw.app.gateway.inFlight.size, 0, 'left to recovery');
+  t.equal((await fetch(`${gw.url}/readyz`)).status, 200, 'one bad settlement does not take the gateway out');
+  const [row] = await collect(gw.ledger.exportRows(null, null));
+  t.equal(row?.state, 'reserved', 'the reservation stays for recovery to charge in full');
+});
