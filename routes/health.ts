@@ -1,8 +1,7 @@
 // GET /healthz (the process answers) and GET /readyz (the store answers; upstreams reported).
 
 import type { FastifyPluginAsync } from 'fastify';
-import { GatewayError } from '../server/errors.js';
-import { storeFailureCode } from '../server/ledger-guard.js';
+import { storeCode, storeError } from '../server/ledger-guard.js';
 
 const PING_TIMEOUT_MS = 2_000;
 
@@ -29,10 +28,8 @@ const route: FastifyPluginAsync = async (app) => {
       store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes (${gw.settleRetry.lastCode ?? 'error'})`, settlements_waiting: waiting };
     } catch (err) {
       // The store's code, not its words (they can name its host, database or user): this route is public.
-      const inner = err instanceof GatewayError && err.cause !== undefined ? err.cause : err;
-      const code = storeFailureCode(inner) ?? (inner as { code?: unknown }).code;
-      store = { ok: false, kind: gw.ledger.kind, error: `the ledger did not answer (${typeof code === 'string' ? code : 'error'})` };
-      request.log.warn({ err: inner }, 'readiness: the ledger did not answer');
+      store = { ok: false, kind: gw.ledger.kind, error: `the ledger did not answer (${storeCode(err)})` };
+      request.log.warn({ err: storeError(err) }, 'readiness: the ledger did not answer');
     }
     // Upstreams are reported, not required: one being down must not take the gateway out of a
     // load balancer that also routes to the others.

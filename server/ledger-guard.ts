@@ -62,10 +62,22 @@ function unavailable(err: unknown): unknown {
   return e;
 }
 
-/** What the store said, under the gateway's `ledger_unavailable` wording if it has it. */
+/** The error the store threw, from under the guard's `ledger_unavailable` if it is one. */
+export function storeError(err: unknown): unknown {
+  return err instanceof GatewayError && err.code === 'ledger_unavailable' && err.cause !== undefined ? err.cause : err;
+}
+
+/** What the store said (for a log line, never a client). */
 export function storeMessage(err: unknown): string {
-  const inner = err instanceof GatewayError && err.code === 'ledger_unavailable' && err.cause instanceof Error ? err.cause : err;
+  const inner = storeError(err);
   return inner instanceof Error ? inner.message : String(inner);
+}
+
+/** The store's short code for `err` (client-safe), or its own `code`, or 'error'. */
+export function storeCode(err: unknown): string {
+  const inner = storeError(err);
+  const own = (inner as { code?: unknown } | null)?.code;
+  return storeFailureCode(inner) ?? (typeof own === 'string' ? own : 'error');
 }
 
 /** `ledger` with its store failures said as `ledger_unavailable` (calls go to the store itself, unchanged). */

@@ -7,13 +7,7 @@
 
 import type { FastifyBaseLogger } from 'fastify';
 import type { ConversationHead, Ledger, Settlement } from '../../metering/ledger.js';
-import { isLedgerUnavailable, storeFailureCode, storeMessage } from '../ledger-guard.js';
-
-/** The store's short code for a failure (the client-safe part of it), whether or not the guard wrapped it. */
-function codeOf(err: unknown): string {
-  const inner = err instanceof Error && err.cause !== undefined && storeFailureCode(err) === null ? err.cause : err;
-  return storeFailureCode(inner) ?? 'error';
-}
+import { isLedgerUnavailable, storeCode, storeMessage } from '../ledger-guard.js';
 
 interface Pending {
   settlement: Settlement;
@@ -44,7 +38,7 @@ export class SettlementRetry {
   /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
   add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
     this.lastError = storeMessage(err);
-    this.lastCode = codeOf(err);
+    this.lastCode = storeCode(err);
     this.pending.set(id, { settlement, head, since: Date.now() });
     this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
     this.schedule();
@@ -78,7 +72,7 @@ export class SettlementRetry {
       await this.ledger.keepAlive([...this.pending.keys()], Date.now());
     } catch (err) {
       this.lastError = storeMessage(err);
-      this.lastCode = codeOf(err);
+      this.lastCode = storeCode(err);
       return;
     }
     for (const [id, p] of [...this.pending]) {
@@ -94,7 +88,7 @@ export class SettlementRetry {
           continue;
         }
         this.lastError = storeMessage(err);
-        this.lastCode = codeOf(err);
+        this.lastCode = storeCode(err);
         this.pending.delete(id);
         this.pending.set(id, p);
         return;
