@@ -5,10 +5,11 @@ import { storeCode, storeError } from '../server/ledger-guard.js';
 
 const PING_TIMEOUT_MS = 2_000;
 
+/** `work`, or after `ms` an error whose code (shown by /readyz) is `timeout`. */
 function withTimeout<T>(work: Promise<T>, ms: number, message: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(message)), ms);
+    timer = setTimeout(() => reject(Object.assign(new Error(message), { code: 'timeout' })), ms);
   });
   return Promise.race([work, late]).finally(() => clearTimeout(timer));
 }

@@ -10,7 +10,6 @@ import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
 import { isStoreFailure } from './ledger-guard.js';
 
-
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
 /** How long a stopping gateway lets requests in flight run before it stops them (ms), by default. */

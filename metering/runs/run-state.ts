@@ -5,6 +5,9 @@
 import type { ChatMessage } from '../types.js';
 import { canonicalArguments, canonicalJson, sha256Hex } from '../canonical-json.js';
 import { messageDigest } from '../message-digest.js';
+// Equal canonical forms, equal digests: earlier questions are compared without hashing them (an
+// image in each would be megabytes hashed a turn).
+import { canonicalEqual } from '../prefix-memo.js';
 import { hashOnce } from '../hash-once.js';
 import { messageText } from './message-text.js';
 import { markupCallNames, markupSpans } from './tool-call-markup.js';
@@ -210,18 +213,12 @@ export function chainHashes(messages: readonly ChatMessage[], known: readonly st
  * system prompt), which is as stable as such a client allows. Combine it with the conversation id:
  * two conversations asking the same question have the same key.
  */
-/** Two messages with the same digest; plain texts that differ are told apart without hashing. */
-function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
-  if (typeof a.content === 'string' && typeof b.content === 'string' && a.content !== b.content) return false;
-  return messageDigest(a) === messageDigest(b);
-}
-
 export function runKey(messages: readonly ChatMessage[], chain?: readonly string[]): string {
   const lastUser = findLastUserIndex(messages);
   if (lastUser >= 0) {
     const question = messages[lastUser]!;
     let occurrence = 1;
-    for (let i = 0; i < lastUser; i++) if (messages[i]!.role === 'user' && sameMessage(messages[i]!, question)) occurrence++;
+    for (let i = 0; i < lastUser; i++) if (messages[i]!.role === 'user' && canonicalEqual(messages[i], question)) occurrence++;
     return sha256Hex(`question ${occurrence} ${messageDigest(question)}`);
   }
   let anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;

@@ -25,8 +25,6 @@ export interface PostgresLedgerOptions {
   schema?: string;
   /** Pool size per replica. */
   maxConnections?: number;
-  /** How long to wait for a new connection (default 5 s). */
-  connectTimeoutMs?: number;
   /** The connections' `application_name` (default `tollgate`; tests tell theirs apart by it). */
   applicationName?: string;
 }
@@ -78,7 +76,7 @@ export class PostgresLedger implements Ledger {
       // error instead of holding it (and a connection) for ever: a new connection in 5 s, a lock in
       // 10 s (admissions of one tenant queue on its month's row, well under that), a statement in
       // 30 s, and a transaction left idle by a lost client is ended by the server after 60 s.
-      connectionTimeoutMillis: opts.connectTimeoutMs ?? 5_000,
+      connectionTimeoutMillis: 5_000,
       options: `-c search_path=${this.schema} -c lock_timeout=10s -c statement_timeout=30s -c idle_in_transaction_session_timeout=60s`,
       application_name: opts.applicationName ?? 'tollgate',
       types,

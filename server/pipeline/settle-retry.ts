@@ -19,9 +19,8 @@ export class SettlementRetry {
   private readonly pending = new Map<string, Pending>();
   private timer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> | null = null;
-  /** The last error the ledger gave a settlement (kept while any is unwritten), and its short code. */
-  lastError: string | null = null;
-  lastCode: string | null = null;
+  /** The last error the ledger gave (kept while any settlement is unwritten). */
+  private failure: unknown = null;
 
   constructor(
     private readonly ledger: Ledger,
@@ -35,10 +34,25 @@ export class SettlementRetry {
     return this.pending.size;
   }
 
+  /** What the ledger last said (for logs), while settlements wait. */
+  get lastError(): string | null {
+    return this.failure === null ? null : storeMessage(this.failure);
+  }
+
+  /** Its short code (safe to show anyone), while settlements wait. */
+  get lastCode(): string | null {
+    return this.failure === null ? null : storeCode(this.failure);
+  }
+
+  /** A settlement is done with: written, or left to recovery. */
+  private done(id: string): void {
+    this.pending.delete(id);
+    this.inFlight.delete(id);
+  }
+
   /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
   add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
-    this.lastError = storeMessage(err);
-    this.lastCode = storeCode(err);
+    this.failure = err;
     this.pending.set(id, { settlement, head, since: Date.now() });
     this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
     this.schedule();
@@ -53,10 +67,7 @@ export class SettlementRetry {
     this.timer.unref();
   }
 
-  /**
-   * Try the waiting settlements, oldest first, until the ledger refuses one: it is then tried last
-   * next time, so one the ledger can never take does not hold the others back.
-   */
+  /** Try the waiting settlements, oldest first, until the ledger refuses one (the store is away still). */
   flush(): Promise<void> {
     this.flushing ??= this.writeAll().finally(() => {
       this.flushing = null;
@@ -71,8 +82,7 @@ export class SettlementRetry {
     try {
       await this.ledger.keepAlive([...this.pending.keys()], Date.now());
     } catch (err) {
-      this.lastError = storeMessage(err);
-      this.lastCode = storeCode(err);
+      this.failure = err;
       return;
     }
     for (const [id, p] of [...this.pending]) {
@@ -82,26 +92,23 @@ export class SettlementRetry {
       } catch (err) {
         if (!isLedgerUnavailable(err)) {
           // The store answers, and refuses this one: it is left to recovery, not tried for ever.
-          this.pending.delete(id);
-          this.inFlight.delete(id);
+          this.done(id);
           this.log.error({ err, id }, 'settlement failed once the ledger was back: the reservation is left to recovery');
           continue;
         }
-        this.lastError = storeMessage(err);
-        this.lastCode = storeCode(err);
+        // Tried last next time: a refusal of one (a busy moment) does not hold the others back.
+        this.failure = err;
         this.pending.delete(id);
         this.pending.set(id, p);
         return;
       }
-      this.pending.delete(id);
-      this.inFlight.delete(id);
+      this.done(id);
       if (settledNow) this.log.info({ id, waitedMs: Date.now() - p.since }, 'settlement written after the ledger came back');
       // Another replica's sweep took it for a crash's first (the store was away past its threshold):
       // it stands as recovered, charged in full; settling is once per row.
       else this.log.warn({ id, waitedMs: Date.now() - p.since }, 'the reservation had been recovered in full meanwhile: its real figures were not applied');
     }
-    this.lastError = null;
-    this.lastCode = null;
+    this.failure = null;
   }
 
   /** At shutdown: one last try; what is still unwritten is left to the recovery at the next start. */
