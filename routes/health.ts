@@ -1,7 +1,7 @@
 // GET /healthz (the process answers) and GET /readyz (the store answers; upstreams reported).
 
 import type { FastifyPluginAsync } from 'fastify';
-import { storeCode, storeError } from '../server/ledger-guard.js';
+import { RECENT_FAILURE_MS, storeCode, storeError } from '../server/ledger-guard.js';
 
 const PING_TIMEOUT_MS = 2_000;
 
@@ -21,12 +21,17 @@ const route: FastifyPluginAsync = async (app) => {
     const gw = app.gateway;
     // The store answers within 2 s, and takes what it is given: settlements it refused (a full
     // disk, a server away) are tried again every few seconds, so this turns ready by itself once
-    // they are written (server/pipeline/settle-retry.ts).
+    // they are written (server/pipeline/settle-retry.ts); a request it failed lately keeps it
+    // unready until the same kind of call goes through or 10 s pass (server/ledger-guard.ts).
     let store: { ok: boolean; kind: string; error?: string; settlements_waiting?: number };
     try {
       await withTimeout(gw.ledger.ping(), PING_TIMEOUT_MS, `the ledger did not answer in ${PING_TIMEOUT_MS} ms`);
       const waiting = gw.settleRetry.size;
-      store = waiting === 0 ? { ok: true, kind: gw.ledger.kind } : { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes (${gw.settleRetry.lastCode ?? 'error'})`, settlements_waiting: waiting };
+      // A read answering says nothing of writes: a request the ledger failed lately counts too.
+      const failed = gw.storeFailures.recent();
+      if (waiting > 0) store = { ok: false, kind: gw.ledger.kind, error: `the ledger refuses writes (${gw.settleRetry.lastCode ?? 'error'})`, settlements_waiting: waiting };
+      else if (failed !== null) store = { ok: false, kind: gw.ledger.kind, error: `the ledger failed a request in the last ${RECENT_FAILURE_MS / 1000} s (${failed})` };
+      else store = { ok: true, kind: gw.ledger.kind };
     } catch (err) {
       // The store's code, not its words (they can name its host, database or user): this route is public.
       store = { ok: false, kind: gw.ledger.kind, error: `the ledger did not answer (${storeCode(err)})` };

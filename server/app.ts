@@ -17,7 +17,7 @@ import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
-import { guardLedger } from './ledger-guard.js';
+import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
@@ -183,11 +183,13 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // Every request in flight listens on it: no limit on listeners (Node warns past 10).
   const drain = new AbortController();
   setMaxListeners(0, drain.signal);
-  const guarded = guardLedger(ledger);
+  const storeFailures = new StoreFailures();
+  const guarded = guardLedger(ledger, storeFailures);
   const gateway: Gateway = {
     config,
     // Store failures on the request path are 503 ledger_unavailable (server/ledger-guard.ts).
     ledger: guarded,
+    storeFailures,
     metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
     upstreams,
     auth: new Authenticator(config, guarded, { openWithoutKeys: opts.openWithoutKeys ?? true }),
@@ -196,7 +198,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     warnings: new NowAndThen(clock),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
-    settleRetry: new SettlementRetry(ledger, inFlight, app.log, opts.settleRetryMs),
+    settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs),
     drain,
     clock,
     log: app.log,

@@ -12,12 +12,15 @@ import type { PriceTable } from '../pricing/price-table.js';
 import type { NowAndThen } from './log-now-and-then.js';
 import type { PrefixMemo } from '../metering/prefix-memo.js';
 import type { SettlementRetry } from './pipeline/settle-retry.js';
+import type { StoreFailures } from './ledger-guard.js';
 
 export type Clock = () => number;
 
 export interface Gateway {
   config: Config;
   ledger: Ledger;
+  /** The ledger's failures on the request path, lately (for /readyz). */
+  storeFailures: StoreFailures;
   metrics: Metrics;
   upstreams: UpstreamRegistry;
   auth: Authenticator;

@@ -80,8 +80,56 @@ export function storeCode(err: unknown): string {
   return storeFailureCode(inner) ?? (typeof own === 'string' ? own : 'error');
 }
 
-/** `ledger` with its store failures said as `ledger_unavailable` (calls go to the store itself, unchanged). */
-export function guardLedger(ledger: Ledger): Ledger {
+/** How long a store failure keeps the gateway unready when nothing has shown the store back (ms). */
+export const RECENT_FAILURE_MS = 10_000;
+
+/**
+ * The store's recent failures on the request path, by ledger method, for `/readyz`. A ping (a
+ * read) can succeed while every write fails — SQLite's disk full — so readiness also asks whether
+ * a call failed lately: it is cleared when the same method next succeeds (an admission that went
+ * through), and forgotten after a while, so that a gateway taken out of its load balancer is let
+ * back in to try (a 503 per request meanwhile, which the SDKs retry).
+ */
+export class StoreFailures {
+  private readonly byMethod = new Map<PropertyKey, { at: number; code: string }>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  failed(method: PropertyKey, code: string): void {
+    this.byMethod.set(method, { at: this.now(), code });
+  }
+
+  succeeded(method: PropertyKey): void {
+    if (this.byMethod.size > 0) this.byMethod.delete(method);
+  }
+
+  /** The code of the latest failure younger than `withinMs` that nothing has cleared, else null. */
+  recent(withinMs: number = RECENT_FAILURE_MS): string | null {
+    let latest: { at: number; code: string } | null = null;
+    const since = this.now() - withinMs;
+    for (const f of this.byMethod.values()) if (f.at >= since && (latest === null || f.at > latest.at)) latest = f;
+    return latest?.code ?? null;
+  }
+}
+
+/** A ping reads: its success says nothing of writes, and `/readyz` reports its failures itself. */
+const UNTRACKED: ReadonlySet<PropertyKey> = new Set(['ping', 'close']);
+
+/**
+ * `ledger` with its store failures said as `ledger_unavailable` (calls go to the store itself,
+ * unchanged), and noted in `failures` if given.
+ */
+export function guardLedger(ledger: Ledger, failures?: StoreFailures): Ledger {
+  const track = (prop: PropertyKey) => failures !== undefined && !UNTRACKED.has(prop);
+  const fail = (prop: PropertyKey, err: unknown): unknown => {
+    const code = storeFailureCode(err);
+    if (code !== null && track(prop)) failures!.failed(prop, code);
+    return unavailable(err);
+  };
+  const ok = <T>(prop: PropertyKey, out: T): T => {
+    if (track(prop)) failures!.succeeded(prop);
+    return out;
+  };
   // One wrapper per method (made again if the method is replaced: tests put failing ones in).
   const wrapped = new Map<PropertyKey, { of: unknown; fn: unknown }>();
   return new Proxy(ledger, {
@@ -95,9 +143,13 @@ export function guardLedger(ledger: Ledger): Ledger {
           try {
             out = (value as (...a: unknown[]) => unknown).apply(target, args);
           } catch (err) {
-            throw unavailable(err);
+            throw fail(prop, err);
           }
-          return out instanceof Promise ? out.catch((err: unknown) => Promise.reject(unavailable(err))) : out;
+          if (!(out instanceof Promise)) return ok(prop, out);
+          return out.then(
+            (v: unknown) => ok(prop, v),
+            (err: unknown) => Promise.reject(fail(prop, err)),
+          );
         };
         wrapped.set(prop, { of: value, fn });
       }

@@ -104,13 +104,19 @@ t.test('a store failure before the upstream is called is a 503 ledger_unavailabl
   const res = await post();
   t.equal(res.status, 503);
   t.same(await res.json(), { error: { message: 'the ledger could not be read or written (SQLITE_FULL); try again shortly', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  // The ping reads and succeeds; the admission's write failed: not ready.
+  const unready = await fetch(`${gw.url}/readyz`);
+  t.equal(unready.status, 503, 'not ready while admissions fail, though a read answers');
+  t.match(await unready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger failed a request in the last 10 s (SQLITE_FULL)' } });
   fail = new TypeError("Cannot read properties of undefined (reading 'x')");
   const bug = await post();
   t.equal(bug.status, 500);
   t.match(await bug.json(), { error: { code: 'internal_error' } });
+  t.equal((await fetch(`${gw.url}/readyz`)).status, 503, 'a bug is not the store coming back');
   fail = null;
   t.equal((await post()).status, 200, 'served again once the store is');
-  t.equal(upstream.requests.length, 1, 'only the admitted request reached the upstream');
+  t.equal((await fetch(`${gw.url}/readyz`)).status, 200, 'ready again once an admission went through');
+  t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 1, 'only the admitted request reached the upstream');
 });
 
 t.test('a store failure while a key is looked up is a 503 too', async (t) => {
@@ -167,4 +173,32 @@ t.test('a settlement that fails for another reason than the store being away is 
   t.equal((await fetch(`${gw.url}/readyz`)).status, 200, 'one bad settlement does not take the gateway out');
   const [row] = await collect(gw.ledger.exportRows(null, null));
   t.equal(row?.state, 'reserved', 'the reservation stays for recovery to charge in full');
+});
+
+t.test('readiness forgets a store failure once the same call succeeds, or after 10 s; other calls and pings do not clear it', async (t) => {
+  const { StoreFailures, guardLedger, RECENT_FAILURE_MS } = await import('../../server/ledger-guard.js');
+  let now = 1_000_000;
+  const failures = new StoreFailures(() => now);
+  const full = Object.assign(new Error('database or disk is full'), { name: 'SqliteError', code: 'SQLITE_FULL' });
+  let admitFails = true;
+  const store = {
+    ping: async () => {},
+    findKey: async () => null,
+    admit: async () => {
+      if (admitFails) throw full;
+      return 'ok';
+    },
+  };
+  const guarded = guardLedger(store as unknown as Ledger, failures) as unknown as typeof store;
+  await t.rejects(guarded.admit(), { code: 'ledger_unavailable' });
+  t.equal(failures.recent(), 'SQLITE_FULL');
+  await guarded.ping();
+  await guarded.findKey();
+  t.equal(failures.recent(), 'SQLITE_FULL', 'a read succeeding is not the write coming back');
+  now += RECENT_FAILURE_MS + 1;
+  t.equal(failures.recent(), null, 'forgotten after 10 s, so that traffic is let back in to try');
+  await t.rejects(guarded.admit());
+  admitFails = false;
+  await guarded.admit();
+  t.equal(failures.recent(), null, 'cleared by the same call succeeding');
 });
