@@ -8,6 +8,7 @@
 import pg from 'pg';
 import type { Ledger } from '../metering/ledger.js';
 import { GatewayError } from './errors.js';
+import { LEDGER_FILE_REPLACED } from '../metering/stores/sqlite-file-identity.js';
 
 /** Node's codes for a connection that could not be made or was lost. */
 const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'ETIMEDOUT', 'EHOSTUNREACH', 'EPIPE', 'EAI_AGAIN']);
@@ -38,7 +39,7 @@ export function storeFailureCode(err: unknown): string | null {
   const code = (err as { code?: unknown }).code;
   if (err.name === 'SqliteError') return typeof code === 'string' && sqliteUnavailable(code) ? code : null;
   if (err instanceof pg.DatabaseError) return typeof code === 'string' && pgUnavailable(code) ? code : null;
-  if (typeof code === 'string' && NETWORK_CODES.has(code)) return code;
+  if (typeof code === 'string' && (NETWORK_CODES.has(code) || code === LEDGER_FILE_REPLACED)) return code;
   if (/^Connection terminated|^Client has encountered a connection error/.test(err.message)) return 'connection lost';
   if (/^timeout exceeded when trying to connect/.test(err.message)) return 'connect timeout';
   return null;

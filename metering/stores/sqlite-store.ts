@@ -35,6 +35,7 @@ import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
 import { WalCheckpointer, type CheckpointerStats } from './sqlite-checkpointer.js';
 import type { OwnerLock } from './sqlite-owner-lock.js';
 import { FingerprintSet } from './fingerprint-set.js';
+import { LedgerFileIdentity } from './sqlite-file-identity.js';
 
 export interface SqliteLedgerOptions {
   path: string;
@@ -159,6 +160,8 @@ export class SqliteLedger implements Ledger {
 
   readonly location: string;
   readonly createdNow: boolean;
+  /** Whether the path still names the file opened (null in memory). */
+  private readonly file: LedgerFileIdentity | null;
 
   constructor(opts: SqliteLedgerOptions) {
     this.owner = opts.owner ?? null;
@@ -185,6 +188,7 @@ export class SqliteLedger implements Ledger {
     this.lastHashes = this.owner !== null || memory ? this.loadLastHashes() : null;
     const synchronous = opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL';
     this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`));
+    this.file = memory ? null : new LedgerFileIdentity(this.location);
   }
 
   private loadLastHashes(): FingerprintSet | null {
@@ -280,6 +284,7 @@ export class SqliteLedger implements Ledger {
   }
 
   async ping(): Promise<void> {
+    this.file?.check(true);
     this.db.prepare('SELECT 1').get();
   }
 
@@ -291,6 +296,7 @@ export class SqliteLedger implements Ledger {
   }
 
   async admit(r: Reservation): Promise<AdmitResult> {
+    this.file?.check();
     return this.grouped(() => this.admitLocked(r), () => this.admitTx(r));
   }
 

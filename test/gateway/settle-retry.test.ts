@@ -8,7 +8,7 @@ import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import { openStore } from '../../metering/stores/open-store.js';
 import { collect } from '../helpers/stores.js';
 import type { Ledger } from '../../metering/ledger.js';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -201,4 +201,23 @@ t.test('readiness forgets a store failure once the same call succeeds, or after 
   admitFails = false;
   await guarded.admit();
   t.equal(failures.recent(), null, 'cleared by the same call succeeding');
+});
+
+t.test('a ledger file deleted or replaced under a running gateway: not ready, and new requests refused, since their rows would be lost', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { store: 'sqlite' });
+  const post = () => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 }) });
+  t.equal((await post()).status, 200);
+  t.equal((await fetch(`${gw.url}/readyz`)).status, 200);
+  // 1. A restore copied over the ledger (a new file at the same path).
+  renameSync(gw.dbPath, `${gw.dbPath}.old`);
+  copyFileSync(`${gw.dbPath}.old`, gw.dbPath);
+  const ready = await fetch(`${gw.url}/readyz`);
+  t.equal(ready.status, 503);
+  t.match(await ready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger did not answer (LEDGER_FILE_REPLACED)' } });
+  const refused = await post();
+  t.equal(refused.status, 503);
+  t.same(await refused.json(), { error: { message: 'the ledger could not be read or written (LEDGER_FILE_REPLACED); try again shortly', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 1, 'the refused request was not sent');
 });
