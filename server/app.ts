@@ -129,6 +129,11 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
         waitMs: opts.ledgerLockWaitMs,
         onWait: (path) => app.log.warn({ path }, 'the SQLite ledger is held by another Tollgate process: waiting for it to stop'),
       },
+      onCheckpointEvent: (e) => {
+        if (e.event === 'checkpoint-recovered') app.log.info('WAL checkpoints succeed again');
+        else if (e.event === 'checkpoint-failed') app.log.warn({ reason: e.reason }, 'a WAL checkpoint failed (tried again every second; the -wal file grows meanwhile)');
+        else app.log.error({ reason: e.reason, retryInMs: e.retryInMs }, 'the WAL checkpoint worker failed: the ledger connection checkpoints on the event loop until a new worker starts');
+      },
     }).catch((err: unknown) => {
       // A file that cannot be opened (its folder missing or not writable) is the config's problem:
       // said with the field and the path, not as a stack trace.

@@ -4,6 +4,7 @@ import type { Ledger } from '../ledger.js';
 import { PostgresLedger } from './postgres-store.js';
 import { SqliteLedger } from './sqlite-store.js';
 import { acquireOwnerLock, type OwnerLock, type OwnerLockOptions } from './sqlite-owner-lock.js';
+import type { CheckpointEvent } from './sqlite-checkpointer.js';
 
 export type StoreConfig =
   | { kind: 'sqlite'; path: string; synchronous?: 'NORMAL' | 'FULL' }
@@ -15,6 +16,8 @@ export interface OpenStoreOptions {
    * is opened only once no other process holds it. Stores opened for tools and tests leave it out.
    */
   sqliteOwner?: OwnerLockOptions;
+  /** SQLite: told when WAL checkpoints start or stop failing. */
+  onCheckpointEvent?: (e: CheckpointEvent) => void;
 }
 
 export async function openStore(config: StoreConfig, opts: OpenStoreOptions = {}): Promise<Ledger> {
@@ -26,7 +29,7 @@ export async function openStore(config: StoreConfig, opts: OpenStoreOptions = {}
   try {
     store =
       config.kind === 'sqlite'
-        ? new SqliteLedger({ path: config.path, synchronous: config.synchronous, owner })
+        ? new SqliteLedger({ path: config.path, synchronous: config.synchronous, owner, onCheckpointEvent: opts.onCheckpointEvent })
         : new PostgresLedger({ url: config.url, schema: config.schema });
   } catch (err) {
     owner?.release();

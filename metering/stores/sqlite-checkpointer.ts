@@ -70,7 +70,13 @@ export interface CheckpointerStats {
   restarts: number;
 }
 
-type Reply = { ok: true; busy: number; log: number; checkpointed: number } | { ok: false; error: string };
+/** A change in the checkpointer's health, said once when it happens (the gateway logs it). */
+export type CheckpointEvent =
+  | { event: 'checkpoint-failed'; reason: string }
+  | { event: 'checkpoint-recovered' }
+  | { event: 'worker-failed'; reason: string; retryInMs: number };
+
+export type CheckpointReply = { ok: true; busy: number; log: number; checkpointed: number } | { ok: false; error: string };
 
 export class WalCheckpointer {
   private readonly walPath: string;
@@ -93,6 +99,7 @@ export class WalCheckpointer {
     private readonly setAutocheckpoint: (pages: number) => void,
     private readonly startBytes: number = START_BYTES,
     private readonly restartAfterMs: number = RESTART_WORKER_MS,
+    private readonly onEvent: (e: CheckpointEvent) => void = () => {},
   ) {
     this.walPath = `${path}-wal`;
   }
@@ -115,6 +122,22 @@ export class WalCheckpointer {
     this.lastStart = now;
     this.inFlight = true;
     this.worker!.postMessage('checkpoint');
+  }
+
+  /** What the worker said of a checkpoint (public for tests: a real failed checkpoint is hard to make). */
+  replied(r: CheckpointReply): void {
+    this.inFlight = false;
+    if (r.ok) {
+      this.s.checkpoints++;
+      this.s.framesCheckpointed += r.checkpointed;
+      if (this.s.lastError !== null) this.onEvent({ event: 'checkpoint-recovered' });
+      this.s.lastError = null;
+    } else {
+      // The checkpoint failed, not the worker: it tries again a little later (said once, not each time).
+      if (this.s.lastError === null) this.onEvent({ event: 'checkpoint-failed', reason: r.error });
+      this.s.lastError = r.error;
+      this.notBefore = Date.now() + RETRY_CHECKPOINT_MS;
+    }
   }
 
   stats(): CheckpointerStats {
@@ -151,18 +174,7 @@ export class WalCheckpointer {
     this.s.running = true;
     this.s.failed = null;
     this.setAutocheckpoint(FALLBACK_AUTOCHECKPOINT_PAGES);
-    w.on('message', (r: Reply) => {
-      this.inFlight = false;
-      if (r.ok) {
-        this.s.checkpoints++;
-        this.s.framesCheckpointed += r.checkpointed;
-        this.s.lastError = null;
-      } else {
-        // The checkpoint failed, not the worker: it tries again a little later.
-        this.s.lastError = r.error;
-        this.notBefore = Date.now() + RETRY_CHECKPOINT_MS;
-      }
-    });
+    w.on('message', (r: CheckpointReply) => this.replied(r));
     // An error thrown in the worker can arrive as a plain object ({ code: 'SQLITE_CANTOPEN' }).
     w.on('error', (e: unknown) => {
       const o = e as { message?: unknown; code?: unknown };
@@ -178,7 +190,10 @@ export class WalCheckpointer {
     this.notBefore = Date.now() + this.restartAfterMs;
     this.s.running = false;
     this.inFlight = false;
-    if (!this.closed) this.setAutocheckpoint(DEFAULT_AUTOCHECKPOINT_PAGES);
+    if (!this.closed) {
+      this.setAutocheckpoint(DEFAULT_AUTOCHECKPOINT_PAGES);
+      this.onEvent({ event: 'worker-failed', reason, retryInMs: this.restartAfterMs });
+    }
     const w = this.worker;
     this.worker = null;
     void w?.terminate();

@@ -32,7 +32,7 @@ import {
 } from './ledger-row.js';
 import { migrateSqlite } from './migrations-sqlite.js';
 import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
-import { WalCheckpointer, type CheckpointerStats } from './sqlite-checkpointer.js';
+import { WalCheckpointer, type CheckpointerStats, type CheckpointEvent } from './sqlite-checkpointer.js';
 import type { OwnerLock } from './sqlite-owner-lock.js';
 import { FingerprintSet } from './fingerprint-set.js';
 import { LedgerFileIdentity } from './sqlite-file-identity.js';
@@ -47,6 +47,8 @@ export interface SqliteLedgerOptions {
   owner?: OwnerLock | null;
   /** Conversations past which the store stops keeping head fingerprints (ADR 0017). */
   fingerprintLimit?: number;
+  /** Told when WAL checkpoints start or stop failing (the gateway logs it). */
+  onCheckpointEvent?: (e: CheckpointEvent) => void;
 }
 
 /** ~34 MB of fingerprints at most (two 4-byte arrays of 2^22 slots). */
@@ -187,7 +189,7 @@ export class SqliteLedger implements Ledger {
     this.fingerprintLimit = opts.fingerprintLimit ?? HEAD_FINGERPRINT_LIMIT;
     this.lastHashes = this.owner !== null || memory ? this.loadLastHashes() : null;
     const synchronous = opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL';
-    this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`));
+    this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`), undefined, undefined, opts.onCheckpointEvent);
     this.file = memory ? null : new LedgerFileIdentity(this.location);
   }
 

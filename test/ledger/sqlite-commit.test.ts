@@ -7,7 +7,7 @@ import Database from 'better-sqlite3';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
-import { WalCheckpointer, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES } from '../../metering/stores/sqlite-checkpointer.js';
+import { WalCheckpointer, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES, type CheckpointEvent } from '../../metering/stores/sqlite-checkpointer.js';
 import { reservation, settlement, collect } from '../helpers/stores.js';
 
 function tempLedger(t: { teardown(fn: () => unknown): void }) {
@@ -75,13 +75,30 @@ t.test('past a megabyte of WAL, a worker thread checkpoints it and the data stay
 
 t.test('a checkpoint worker that fails hands checkpointing back to the connection', async (t) => {
   const settings: number[] = [];
-  const cp = new WalCheckpointer(join(tmpdir(), 'no-such-dir-tollgate', 'ledger.db'), 'NORMAL', (p) => settings.push(p), 0);
+  const events: CheckpointEvent[] = [];
+  const cp = new WalCheckpointer(join(tmpdir(), 'no-such-dir-tollgate', 'ledger.db'), 'NORMAL', (p) => settings.push(p), 0, undefined, (e) => events.push(e));
   t.teardown(() => cp.close());
   for (let i = 0; i < 64; i++) cp.afterCommit();
   for (let i = 0; i < 300 && cp.stats().failed === null; i++) await sleep(10);
   t.match(cp.stats().failed, /./, `failed: ${cp.stats().failed}`);
   t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES], 'raised while it ran, restored when it failed');
   t.equal(cp.stats().running, false);
+  t.match(events, [{ event: 'worker-failed', reason: /./, retryInMs: 30_000 }], 'said once, for the log');
+});
+
+t.test('checkpoints that fail are said once when they start failing and once when they succeed again', async (t) => {
+  const events: CheckpointEvent[] = [];
+  const cp = new WalCheckpointer(join(tmpdir(), 'unused-ledger.db'), 'NORMAL', () => {}, 0, undefined, (e) => events.push(e));
+  t.teardown(() => cp.close());
+  cp.replied({ ok: true, busy: 0, log: 10, checkpointed: 10 });
+  t.same(events, [], 'nothing to say while checkpoints succeed');
+  cp.replied({ ok: false, error: 'database or disk is full' });
+  cp.replied({ ok: false, error: 'database or disk is full' });
+  t.same(events, [{ event: 'checkpoint-failed', reason: 'database or disk is full' }], 'the first failure is said; the next ones are not');
+  t.equal(cp.stats().lastError, 'database or disk is full');
+  cp.replied({ ok: true, busy: 0, log: 10, checkpointed: 10 });
+  cp.replied({ ok: true, busy: 0, log: 10, checkpointed: 10 });
+  t.same(events, [{ event: 'checkpoint-failed', reason: 'database or disk is full' }, { event: 'checkpoint-recovered' }]);
 });
 
 t.test('a checkpoint worker that failed is replaced once its cause has gone', async (t) => {
