@@ -6,6 +6,7 @@ import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
 import { familyOf, USD_EPSILON, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt, roundUsd } from '../../pricing/model-price.js';
+import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { roomPastCapUsd } from '../../pricing/cheaper-models.js';
 import { isToolRound, worstPromptTokens, type Plan } from './plan.js';
 
@@ -105,22 +106,40 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
     const reserve = isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0;
     limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge - reserve) / per));
   }
-  const rooms: number[] = [];
-  const capRoom = (m: MoneyScopeState | null, extra = 0) => (m && m.capUsd !== null ? m.capUsd + extra - m.spentUsd - m.tasksUsd - m.reservedUsd : null);
-  for (const room of [capRoom(s.conversation, capRoomUsd), ...s.ancestors.map((a) => capRoom(a)), s.monthlyBudgetUsd === null ? null : s.monthlyBudgetUsd - s.month.spentUsd - s.month.reservedUsd]) {
-    if (room !== null) rooms.push(room);
-  }
+  // Each money limit as the atomic admission sees it: what it holds already, and its limit.
+  const held: Array<{ committed: number; limit: number }> = [];
+  const cap = (m: MoneyScopeState | null, extra = 0) => {
+    if (m && m.capUsd !== null) held.push({ committed: m.spentUsd + m.tasksUsd + m.reservedUsd, limit: m.capUsd + extra });
+  };
+  cap(s.conversation, capRoomUsd);
+  for (const a of s.ancestors) cap(a);
+  if (s.monthlyBudgetUsd !== null) held.push({ committed: s.month.spentUsd + s.month.reservedUsd, limit: s.monthlyBudgetUsd });
   // A request of unknown cost (an unpriced model the operator allows) starts only while every
   // money limit has room; its max_tokens does not change that.
-  if (plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly && rooms.some((r) => r <= USD_EPSILON)) return 0;
+  if (plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly && held.some((h) => h.limit - h.committed <= USD_EPSILON)) return 0;
   if (plan.price && plan.upstream.billing === 'metered') {
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);
     const rates = ratesAt(plan.price, promptTokens);
     // A prediction's tokens are output the request may be billed for whatever its max_tokens.
     const promptUsd = (promptTokens * rates.input + plan.predictionTokens * rates.output) / 1e6;
-    for (const room of rooms) {
-      limits.push(rates.output > 0 ? Math.floor(((room - promptUsd) * 1e6) / rates.output / per) : Number.MAX_SAFE_INTEGER);
+    // What admission would reserve for a given max_tokens, computed as admission computes it.
+    const price = plan.price;
+    const cost = (n: number) => worstCaseUsd({ price, promptTokens, allowance: n * per + plan.predictionTokens }) ?? 0;
+    for (const h of held) {
+      if (rates.output <= 0) {
+        limits.push(Number.MAX_SAFE_INTEGER);
+        continue;
+      }
+      // The division gives the figure to within a token; the admission's own test (with its
+      // tolerance, on the same rounded cost) settles the last one, so that the figure is exactly
+      // the largest max_tokens the request would be admitted with — float sums of the spend
+      // (3 × 0.28 is a hair over 0.84) once made it one less.
+      const fits = (n: number) => h.committed + cost(n) <= h.limit + USD_EPSILON;
+      let n = Math.max(0, Math.floor(((h.limit - h.committed - promptUsd) * 1e6) / rates.output / per));
+      while (n > 0 && !fits(n)) n--;
+      for (let more = 0; more < 4 && fits(n + 1); more++) n++;
+      limits.push(n);
     }
   }
   if (plan.valid.kind === 'embeddings') return 0;

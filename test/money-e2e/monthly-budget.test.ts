@@ -143,3 +143,30 @@ t.test('a ledger that fails to claim the budget-near notice still lets the settl
   const month = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
   t.ok(close(month.body.spent_usd as number, 0.9), 'settled');
 });
+
+// Regression: three $0.28 turns sum to a hair over $0.84 in floating point, and the figure came
+// out one below the largest max_tokens the budget admits, where the room divides exactly.
+t.test('max_affordable_allowance is exactly the largest max_tokens admitted, also where the room divides exactly', async (t) => {
+  const { gw } = await moneyWorld(t, {
+    metered: { providerCost: 0.28, completionTokens: 1 },
+    keys: [{ key: ALICE, tenant: 'alice', monthlyBudgetUsd: 1, runs: { tokenBudget: null } }],
+  });
+  const turn = { model: 'gpt-4o', messages: [{ role: 'user', content: 'a turn' }], max_tokens: 1 };
+  for (let i = 0; i < 3; i++) t.equal((await chat(gw, ALICE, turn)).status, 200);
+  // gpt-4o: $100 in, $400 out per million. $0.16 left: with a prompt of 4k tokens, the room for
+  // output is (1,600 − 4k) / 4 tokens, a whole number.
+  let request: Record<string, unknown> | null = null;
+  let prompt = 0;
+  for (let words = 1; words < 40 && request === null; words++) {
+    const candidate = { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi '.repeat(words).trim() }], max_tokens: 8 };
+    prompt = (await admission(gw, ALICE, candidate)).sum_tokens;
+    if (prompt % 4 === 0) request = candidate;
+  }
+  t.ok(request, `a prompt of ${prompt} tokens`);
+  const plan = await admission(gw, ALICE, request!);
+  t.equal(plan.max_affordable_allowance, (1600 - prompt) / 4);
+  const at = await admission(gw, ALICE, { ...request!, max_tokens: plan.max_affordable_allowance });
+  t.same(at.verdict, { admit: true, status: 200, error: null }, 'admitted at the figure');
+  const past = await admission(gw, ALICE, { ...request!, max_tokens: plan.max_affordable_allowance! + 1 });
+  t.match(past.verdict, { admit: false, status: 402 }, 'refused one past it');
+});
