@@ -7,7 +7,7 @@ import type { Dispatcher } from 'undici';
 import type { ChatCount, ChatMessage, ChatPrompt, CountMethod, TextCount, TokenCounter } from '../types.js';
 import { cacheKey, sharedTokenCache, type TokenCache } from '../token-cache.js';
 import { estimateTokens } from './byte-estimate.js';
-import { messageBoundaries, tokensBefore, type Piece } from './prompt-boundaries.js';
+import { messageBoundaries, pastClosing, tokensBefore, type Piece } from './prompt-boundaries.js';
 
 export class LlamaCppCountError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -127,10 +127,12 @@ export class LlamaCppCounter implements TokenCounter {
     const pieces = tok.tokens.filter((t): t is Piece => typeof t === 'object' && t !== null);
     if (pieces.length !== tok.tokens.length) throw new LlamaCppCountError('llama.cpp /tokenize ignored with_pieces');
 
-    // Offsets in the rendered prompt: [start of message 0's text, end of message 0's text, …].
-    // prefix[0] is only what precedes the first message's text: conservative, because a shared
-    // prefix may be counted low but never high (SPEC §4).
-    const bounds = messageBoundaries(rendered.prompt, prompt.messages);
+    // Offsets in the rendered prompt: [start of message 0's text, end of message 0, …], each end
+    // past the message's closing mark where the template writes one. prefix[0] is only what
+    // precedes the first message's text: conservative, because a shared prefix may be counted low
+    // but never high (SPEC §4).
+    const text = rendered.prompt;
+    const bounds = messageBoundaries(text, prompt.messages).map((b, i) => (i === 0 ? b : pastClosing(text, b)));
     const counted = tokensBefore(rendered.prompt, pieces, bounds);
     const prefix = [counted[0]];
     for (let k = 0; k < prompt.messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));

@@ -36,6 +36,31 @@ export function messageBoundaries(prompt: string, messages: ChatMessage[]): numb
   return bounds;
 }
 
+/**
+ * A template's end-of-message mark, as chat templates write it: one control tag (`<|im_end|>`,
+ * `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, `</s>`), then an optional line end.
+ */
+const CLOSING = /^(?:<\|[A-Za-z0-9_]{1,40}\|>|<\/?[A-Za-z_]{1,40}>)[ \t]*\n?/;
+/** What must follow it: the next message's opening tag, or the end of the prompt. */
+const OPENING_OR_END = /^(?:<\|[A-Za-z0-9_]{1,40}\|>|<[A-Za-z_]{1,40}>|$)/;
+
+/**
+ * `offset` (the end of a message's text) moved past the message's closing mark, when the template
+ * writes one: the rendered message ends there (SPEC §4 and §11 count a shared message whole, and
+ * only the reply priming after the last one is left out). The mark is taken only when it is
+ * followed at once by another tag or the end — `<|im_end|>\n<|im_start|>` (ChatML),
+ * `<|eot_id|><|start_header_id|>` (Llama 3), `<end_of_turn>\n<start_of_turn>` (Gemma); a
+ * template with no such mark (text runs into the next role's name, tool-call JSON after a name)
+ * leaves the offset where it was, which errs low as everything here does. The previous request,
+ * which ended with this message, had the same mark before its reply priming.
+ */
+export function pastClosing(prompt: string, offset: number): number {
+  const rest = prompt.slice(offset, offset + 64);
+  const mark = CLOSING.exec(rest);
+  if (mark === null || !OPENING_OR_END.test(prompt.slice(offset + mark[0].length, offset + mark[0].length + 48))) return offset;
+  return offset + mark[0].length;
+}
+
 function anchorsOf(message: ChatMessage): string[] {
   const out: string[] = [];
   const content = message.content;

@@ -64,9 +64,35 @@ t.test('prefix[k] never exceeds the tokens the next turn really shares', async (
   const p1 = double.tokenize('<|im_start|>system\nYou are a terse assistant. Answer in one short sentence.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n');
   t.equal(p1.length, 34);
   t.ok(c2.prefix[2] <= 34);
-  // "<|im_start|>system\n" + the system text ends at token 16; the user text at token 28.
-  t.equal(c1.prefix[1], 16);
-  t.equal(c1.prefix[2], 28);
+  // A shared message counts whole, its closing "<|im_end|>\n" too (SPEC §4, §11): the system
+  // message ends at token 18, the user message at 30; only the reply priming
+  // "<|im_start|>assistant\n" (tokens 30–33) is left out.
+  t.equal(c1.prefix[1], 18);
+  t.equal(c1.prefix[2], 30);
+  t.same(p1.slice(16, 18), [50258, 198], 'tokens 16 and 17: <|im_end|> and the line end');
+  t.equal(c2.prefix[3], c2.prefix[2] + 4 + double.tokenize('Paris.').length + 2, "the reply: its opening, its text, and its closing");
+});
+
+t.test("a message's closing mark counts with it when the template writes one, and only then", async (t) => {
+  const { pastClosing } = await import('../../metering/tokenizers/prompt-boundaries.js');
+  const at = (prompt: string, after: string) => prompt.indexOf(after) + after.length;
+  const chatml = '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n';
+  t.equal(pastClosing(chatml, at(chatml, 'Hi')), at(chatml, '<|im_end|>\n'), 'ChatML');
+  const llama3 = '<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n';
+  t.equal(pastClosing(llama3, at(llama3, 'Hi')), at(llama3, '<|eot_id|>'), 'Llama 3');
+  const gemma = '<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n';
+  t.equal(pastClosing(gemma, at(gemma, 'Hi')), at(gemma, '<end_of_turn>\n'), 'Gemma');
+  const zephyr = '<|user|>\nHi</s>\n<|assistant|>\n';
+  t.equal(pastClosing(zephyr, at(zephyr, 'Hi')), at(zephyr, '</s>\n'), 'Zephyr');
+  const last = '<|im_start|>user\nHi<|im_end|>\n';
+  t.equal(pastClosing(last, at(last, 'Hi')), last.length, 'the last message, with no reply priming after it');
+  // No closing mark: the offset stays.
+  const plain = 'USER: Hi ASSISTANT:';
+  t.equal(pastClosing(plain, at(plain, 'Hi')), at(plain, 'Hi'), 'plain-text roles');
+  const opening = '<|user|>Hi<|assistant|>Hello';
+  t.equal(pastClosing(opening, at(opening, 'Hi')), at(opening, 'Hi'), "the next role's opening, followed by its text, is not a closing");
+  const call = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call><|im_end|>';
+  t.equal(pastClosing(call, at(call, 'get_weather')), at(call, 'get_weather'), 'a tool-call name ends inside JSON');
 });
 
 t.test('tool-call history: boundaries still found, conservative where text is re-serialised', async (t) => {
