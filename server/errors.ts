@@ -65,6 +65,11 @@ export class GatewayError extends Error {
   }
 }
 
+/** A request stopped by a gateway that could wait no longer for it to finish (server/main.ts); retryable. */
+export function stoppedByShutdown(): GatewayError {
+  return new GatewayError('shutting_down', 'the gateway is shutting down: the request was stopped before the model answered; send it again');
+}
+
 export function envelope(
   code: string | number | null,
   message: string,

@@ -3,7 +3,7 @@
 // llama.cpp upstream may be asked to tokenize. Used by the real request and by /v1/admission alike.
 
 import type { IncomingMessage } from 'node:http';
-import { GatewayError } from '../errors.js';
+import { GatewayError, stoppedByShutdown } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
@@ -200,9 +200,12 @@ async function countAll(
       : finalMessages
         ? { messages: finalMessages, format: formatOf(body), template: templateFields(body, true) }
         : { messages: valid.messages ?? [], tools: valid.tools ?? undefined, tool_choice: body.tool_choice, format: formatOf(body), template: templateFields(body, false), known };
+  // A stopping gateway that can wait no longer stops counts still waiting on a server (llama.cpp).
+  const stopping = gw.drain.signal;
   try {
-    return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model));
+    return await countRows(valid.kind, valid.model, request, exact ?? gw.counters.forModel(upstream, valid.model), stopping);
   } catch (err) {
+    if (stopping.aborted) throw stoppedByShutdown();
     // The exact count failed (its worker died): the first count stands, upper bound and all.
     if (exact) {
       gw.log.warn({ upstream: upstream.name, err: (err as Error).message }, 'exact count failed, using the first count');

@@ -6,7 +6,7 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
-import { GatewayError, envelope, quotingUpstream } from '../errors.js';
+import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
 import { planHeaders, type Plan } from './plan.js';
@@ -69,6 +69,8 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const abort = new AbortController();
   const onDrain = () => abort.abort(SHUTTING_DOWN);
   gw.drain.signal.addEventListener('abort', onDrain, { once: true });
+  // Admitted after the deadline (the ledger was slow): stopped before it is sent, refunded whole.
+  if (gw.drain.signal.aborted) onDrain();
   try {
     await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
   } catch (caught) {
@@ -111,8 +113,7 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
 
 /** The abort reason of a request stopped because the gateway is shutting down. */
 const SHUTTING_DOWN = Symbol('shutting down');
-const shuttingDown = () =>
-  new GatewayError('shutting_down', 'the gateway is shutting down: the request was stopped before the model answered; send it again');
+const shuttingDown = stoppedByShutdown;
 
 /** Stages 5–7 for an admitted plan: forward, relay, settle. `once.settling` is set when settlement begins. */
 async function relayAdmitted(

@@ -31,6 +31,8 @@ export interface LlamaCppDoubleOptions {
   ignoreMaxTokens?: boolean;
   /** Wait before each stream chunk, and once before a non-stream answer. */
   delayMs?: number;
+  /** Wait before answering `/tokenize` (a server busy with a long prompt). */
+  tokenizeDelayMs?: number;
   /** Answer with this assistant tool call instead of text (a function may decide per request). */
   toolCalls?: ToolCallSpec | ((body: Json) => ToolCallSpec | null);
   /** Answer generation endpoints with this status and JSON body instead. */
@@ -161,6 +163,7 @@ class DoubleState {
       case 'GET /models':
         return sendJson(res, 200, this.models());
       case 'POST /tokenize':
+        if ((this.opts.tokenizeDelayMs ?? 0) > 0) await sleep(this.opts.tokenizeDelayMs ?? 0);
         return sendJson(res, 200, { tokens: this.tokenizeBody(body) });
       case 'POST /detokenize':
         return sendJson(res, 200, { content: detokenize(Array.isArray(body.tokens) ? (body.tokens as number[]) : []) });

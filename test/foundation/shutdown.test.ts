@@ -9,7 +9,9 @@ import { connect } from 'node:net';
 import type { ChildProcess } from 'node:child_process';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { processConfig, startGatewayProcess } from '../helpers/process.js';
-import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.js';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
+import { collect } from '../helpers/stores.js';
 
 async function world(t: Test, tokens: number, env: NodeJS.ProcessEnv = {}) {
   const upstream = await startOpenAiDouble({ completionTokens: tokens, delayMs: 100 });
@@ -130,4 +132,40 @@ t.test('a request that reaches a closing gateway gets a 503 in the OpenAI envelo
   t.notMatch(text, /x-should-retry/i, 'retryable: another replica, or this one restarted, takes it');
   t.match(text, /\r\n\r\n\{"error":\{"message":"the gateway is shutting down: the request was not started; send it again","type":"server_error","param":null,"code":"shutting_down"\}\}$/);
   t.equal(upstream.requests.length, 1, 'it was not sent upstream');
+});
+
+t.test('at the drain deadline, a request still being counted or admitted is answered 503 shutting_down and leaves nothing reserved', async (t) => {
+  // 1. A llama.cpp server slow to tokenize: the request is still being planned at the deadline.
+  const llama = await startLlamaCppDouble({ tokenizeDelayMs: 3_000 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] }, { store: 'sqlite' });
+  const post = () =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', max_tokens: 5, messages: [{ role: 'user', content: 'hello' }] }) });
+  const counting = post();
+  while (!llama.requests.some((r) => r.path === '/tokenize')) await new Promise((r) => setTimeout(r, 5));
+  gw.app.gateway.drain.abort();
+  const res = await counting;
+  t.equal(res.status, 503, 'answered, not left for the hard exit to cut');
+  t.match(await res.json(), { error: { code: 'shutting_down' } });
+  t.notOk(llama.requests.some((r) => r.path === '/v1/chat/completions'), 'nothing was sent to the model');
+  t.same(await collect(gw.ledger.exportRows(null, null)), [], 'nothing was reserved');
+});
+
+t.test('a request admitted after the drain deadline is not sent, and its reservation is refunded whole', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] }, { store: 'sqlite' });
+  // The ledger is slow to admit (a lock held elsewhere): the deadline passes meanwhile.
+  const ledger = gw.app.gateway.ledger;
+  const admit = ledger.admit.bind(ledger);
+  ledger.admit = async (r) => {
+    gw.app.gateway.drain.abort();
+    return admit(r);
+  };
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', max_tokens: 5, messages: [{ role: 'user', content: 'hello' }] }) });
+  t.equal(res.status, 503);
+  t.match(await res.json(), { error: { code: 'shutting_down' } });
+  t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 0, 'not sent');
+  const rows = await collect(gw.ledger.exportRows(null, null));
+  t.match(rows, [{ state: 'settled', status: 503, charge_tokens: 0, refund_tokens: 13 }], 'settled, all of it refunded: no model read it');
 });
