@@ -9,6 +9,7 @@ import { existsSync } from 'node:fs';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
 import { isStoreFailure } from './ledger-guard.js';
+import { OWNER_LOCK_WAIT_MS } from '../metering/stores/sqlite-owner-lock.js';
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
@@ -64,7 +65,10 @@ async function main(): Promise<void> {
   if (config.auth.keys.length === 0 && !loopback && config.store.kind === 'sqlite' && !existsSync(config.store.path)) refuseWithoutKeys();
 
   // The price overrides file is read while the app is built: a bad one is a config problem too.
-  const app = await buildApp({ config, loadTokenizers: true, openWithoutKeys: loopback }).catch((err: unknown) => {
+  // A gateway still stopping holds the SQLite file for up to its drain and hard exit: a new one
+  // (a restart) waits at least that long for it, with 5 s to spare.
+  const ledgerLockWaitMs = Math.max(OWNER_LOCK_WAIT_MS, drainMs + HARD_EXIT_AFTER_DRAIN_MS + 5_000);
+  const app = await buildApp({ config, loadTokenizers: true, openWithoutKeys: loopback, ledgerLockWaitMs }).catch((err: unknown) => {
     exitIfConfigProblem(err);
     // The store could not be reached (PostgreSQL down, say): what it said, and which one, no stack.
     if (isStoreFailure(err)) {
@@ -83,10 +87,16 @@ async function main(): Promise<void> {
     app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
   }
   let closing = false;
+  let stopNow: (() => void) | null = null;
   const shutdown = async (signal: string) => {
-    if (closing) return;
+    // A second signal (Ctrl-C twice, an impatient supervisor): requests still running are stopped
+    // at once, each settled for what it generated, rather than after the rest of the drain.
+    if (closing) {
+      stopNow?.();
+      return;
+    }
     closing = true;
-    app.log.info({ signal }, 'shutting down');
+    app.log.info({ signal, drainMs }, 'shutting down');
     // Stop taking connections, let requests in flight finish and settle, then close pools and the
     // store. A keep-alive connection goes as soon as it is idle (Fastify keeps one open 72 s).
     const idle = setInterval(() => app.server.closeIdleConnections(), 100);
@@ -94,11 +104,17 @@ async function main(): Promise<void> {
     // Requests still running after the drain are stopped: each settles what was generated and ends
     // its response (a stream with a `shutting_down` error event) — none is left to be recovered,
     // charged in full, at the next start. 5 s past the drain the process exits regardless.
-    const drain = setTimeout(() => {
-      app.log.warn({ inFlight: app.gateway.inFlight.size }, 'requests still running at the drain deadline: stopping them');
+    const stop = (why: string) => {
+      if (app.gateway.drain.signal.aborted) return;
+      app.log.warn({ inFlight: app.gateway.inFlight.size }, why);
       app.gateway.drain.abort();
-    }, drainMs);
+    };
+    const drain = setTimeout(() => stop('requests still running at the drain deadline: stopping them'), drainMs);
     drain.unref();
+    stopNow = () => {
+      clearTimeout(drain);
+      stop('a second signal: stopping the requests still running now');
+    };
     const timer = setTimeout(() => process.exit(1), drainMs + HARD_EXIT_AFTER_DRAIN_MS);
     timer.unref();
     await app.close();
@@ -106,6 +122,10 @@ async function main(): Promise<void> {
   };
   process.on('SIGINT', () => void shutdown('SIGINT'));
   process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  // A closed terminal or ssh session (and many `reload` scripts) send SIGHUP, whose default ends
+  // the process at once and leaves every request in flight reserved, charged in full at the next
+  // start: it drains like SIGTERM. (Config is read only at start: a reload is a restart.)
+  process.on('SIGHUP', () => void shutdown('SIGHUP'));
 
   try {
     await app.listen({ host, port });

@@ -169,3 +169,30 @@ t.test('a request admitted after the drain deadline is not sent, and its reserva
   const rows = await collect(gw.ledger.exportRows(null, null));
   t.match(rows, [{ state: 'settled', status: 503, charge_tokens: 0, refund_tokens: 13 }], 'settled, all of it refunded: no model read it');
 });
+
+t.test('SIGHUP (a closed terminal or ssh session) drains like SIGTERM', async (t) => {
+  const { url, child } = await world(t, 5);
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGHUP'));
+  t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
+  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled');
+  t.equal(await done, 0, 'the process exits 0, not killed by the signal');
+});
+
+t.test('a second signal stops the requests still running at once instead of after the drain', async (t) => {
+  const { url, child } = await world(t, 400, { TOLLGATE_DRAIN_MS: '60000' });
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => {
+    child.kill('SIGINT');
+    setTimeout(() => child.kill('SIGINT'), 300);
+  });
+  // 400 tokens at 100 ms each take 40 s, well inside the 60 s drain: only the second signal stops it.
+  t.match(text, /"code":"shutting_down"/, 'the stream ends with a shutting_down error event');
+  const refund = Number(/: tollgate \{"charge_tokens":\d+,"refund_tokens":(\d+)/.exec(text)?.[1]);
+  t.ok(refund > 0, `stopped part way, settled for what it generated (${400 - refund} of 400)`);
+  t.equal(await done, 0);
+});
