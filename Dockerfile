@@ -12,7 +12,9 @@ COPY pricing ./pricing
 RUN npm run build && npm prune --omit=dev
 
 FROM node:26-slim
-ENV NODE_ENV=production TOLLGATE_HOST=0.0.0.0 TOLLGATE_PORT=8787
+# `docker stop` sends SIGTERM and kills 10 s later: the drain ends before that, so no request is
+# left reserved (charged in full at the next start). With `--stop-timeout N`, raise the drain too.
+ENV NODE_ENV=production TOLLGATE_HOST=0.0.0.0 TOLLGATE_PORT=8787 TOLLGATE_DRAIN_MS=8000
 WORKDIR /app
 COPY --from=build /app/node_modules ./node_modules
 COPY --from=build /app/dist ./dist
