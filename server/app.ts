@@ -7,6 +7,8 @@ import { Registry } from 'prom-client';
 import type { Config, UpstreamConfig } from './config.js';
 import { ConfigError } from './config-reader.js';
 import { setMaxListeners } from 'node:events';
+import { statSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Ledger } from '../metering/ledger.js';
 import { openStore } from '../metering/stores/open-store.js';
 import { initMetrics } from './metrics.js';
@@ -65,6 +67,14 @@ export interface AppOptions {
 declare module 'fastify' {
   interface FastifyInstance {
     gateway: Gateway;
+  }
+}
+
+function isDirectory(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
   }
 }
 
@@ -138,6 +148,12 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
       // A file that cannot be opened (its folder missing or not writable) is the config's problem:
       // said with the field and the path, not as a stack trace.
       const code = (err as { code?: string }).code;
+      if (config.store.kind === 'sqlite' && isDirectory(config.store.path)) {
+        throw new ConfigError(`store.path: ${config.store.path} is a folder: name the ledger's file (for example ${join(config.store.path, 'tollgate.db')})`);
+      }
+      if (config.store.kind === 'sqlite' && code === 'SQLITE_READONLY') {
+        throw new ConfigError(`store.path: the SQLite ledger ${config.store.path} cannot be written by this user (${(err as Error).message}): the file, its -wal and -shm files and its folder must be writable`);
+      }
       if (config.store.kind === 'sqlite' && (code === 'SQLITE_CANTOPEN' || (err instanceof TypeError && /directory does not exist/.test(err.message)))) {
         throw new ConfigError(`store.path: cannot open the SQLite ledger ${config.store.path} (or its lock ${config.store.path}-lock): ${(err as Error).message}; the folder must exist and be writable`);
       }

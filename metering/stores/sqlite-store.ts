@@ -283,6 +283,14 @@ export class SqliteLedger implements Ledger {
 
   async migrate(): Promise<void> {
     migrateSqlite(this.db);
+    // SQLite opens a file it may not write (a volume first written by another user) read-only,
+    // silently: the start would succeed and every request fail. A write, rolled back, says so now.
+    this.db.exec('BEGIN IMMEDIATE');
+    try {
+      this.db.exec('CREATE TABLE tollgate_write_check (x); DROP TABLE tollgate_write_check');
+    } finally {
+      this.db.exec('ROLLBACK');
+    }
   }
 
   async ping(): Promise<void> {

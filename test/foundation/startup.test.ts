@@ -4,7 +4,7 @@
 
 import t, { type Test } from 'tap';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createServer } from 'node:net';
@@ -22,13 +22,14 @@ interface Started {
   exited: Promise<number | null>;
 }
 
-function start(cwd: string, env: Record<string, string>): Started {
+function start(cwd: string, env: Record<string, string>, uid?: number): Started {
   // Only what the test chooses: no TOLLGATE_CONFIG, OPENAI_* or TOLLGATE_HOST from the outer shell.
   const base: Record<string, string> = { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? cwd };
   const child = spawn(process.execPath, ['--import', tsx, join(root, 'server/main.ts')], {
     cwd,
     env: { ...base, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    ...(uid === undefined ? {} : { uid, gid: uid }),
   });
   let out = '';
   let err = '';
@@ -46,10 +47,10 @@ const minimalConfig = (dir: string, extra: Record<string, unknown>) => ({
 });
 
 /** Writes `raw` as the config file in `dir` and starts the gateway with it; killed at teardown. */
-function startConfigured(t: Test, dir: string, raw: unknown, env: Record<string, string>): Started {
+function startConfigured(t: Test, dir: string, raw: unknown, env: Record<string, string>, uid?: number): Started {
   const config = join(dir, 'config.json');
   writeFileSync(config, JSON.stringify(raw));
-  const s = start(dir, { ...env, TOLLGATE_CONFIG: config });
+  const s = start(dir, { ...env, TOLLGATE_CONFIG: config }, uid);
   t.teardown(() => {
     s.child.kill('SIGKILL');
   });
@@ -335,5 +336,33 @@ t.test('a ledger path in a folder that does not exist: exit 2, naming store.path
   const s = startConfigured(t, dir, minimalConfig(dir, { store: { kind: 'sqlite', path: missing } }), { TOLLGATE_PORT: String(port) });
   t.equal(await s.exited, 2);
   t.match(s.stderr(), `tollgate: invalid configuration: store.path: cannot open the SQLite ledger ${missing}`);
+  t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
+});
+
+t.test('a store.path that is a folder: exit 2, saying to name a file', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  const s = startConfigured(t, dir, minimalConfig(dir, { store: { kind: 'sqlite', path: dir } }), { TOLLGATE_PORT: String(port) });
+  t.equal(await s.exited, 2);
+  t.match(s.stderr(), `tollgate: invalid configuration: store.path: ${dir} is a folder: name the ledger's file`);
+});
+
+// A volume first written by root, served by a container running as another user: SQLite opens the
+// file read-only without a word, the start succeeded, and every request was a 503 SQLITE_READONLY.
+t.test('a ledger file this user cannot write: exit 2 at start, naming store.path', { skip: process.getuid?.() !== 0 ? 'needs root, to start the gateway as another user' : false }, async (t) => {
+  const dir = tempDir(t);
+  chmodSync(dir, 0o777);
+  const path = join(dir, 'ledger.db');
+  const db = new Database(path);
+  db.pragma('journal_mode = WAL');
+  db.exec('CREATE TABLE made_by_root (x)');
+  db.close();
+  const config = minimalConfig(dir, {});
+  const port = await freePort();
+  // tap's process tracking writes a record from every child at exit, by default into the project's
+  // .tap folder, which this user may not write: pointed at the test's folder instead.
+  const s = startConfigured(t, dir, config, { TOLLGATE_PORT: String(port), HOME: dir, _TAPJS_PROCESSINFO_CWD_: dir }, 65534);
+  t.equal(await s.exited, 2, s.stderr());
+  t.match(s.stderr(), `tollgate: invalid configuration: store.path: the SQLite ledger ${path} cannot be written by this user`);
   t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
 });
