@@ -596,7 +596,9 @@ export class SqliteLedger implements Ledger {
     const since = sinceMs ?? Number.MIN_SAFE_INTEGER;
     const until = untilMs ?? Number.MAX_SAFE_INTEGER;
     for (;;) {
-      const page = this.q.exportPage.all({ since, until, t: after.time, id: after.id, n: EXPORT_PAGE }) as Record<
+      // The index is entered at the cursor's time, not at `since`: from `since`, every page walked
+      // again over all the rows before it (a 1.5 M-row export took 453 s, its last pages 300 ms each).
+      const page = this.q.exportPage.all({ since: Math.max(since, after.time), until, t: after.time, id: after.id, n: EXPORT_PAGE }) as Record<
         string,
         unknown
       >[];
