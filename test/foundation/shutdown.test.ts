@@ -52,17 +52,20 @@ async function ledgerRows(url: string): Promise<Array<Record<string, unknown>>> 
   return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
 }
 
-t.test('SIGTERM during a stream on a keep-alive connection: the stream ends whole and the process exits 0', async (t) => {
-  const { url, child } = await world(t, 5);
-  const agent = new Agent({ keepAlive: true });
-  t.teardown(() => agent.destroy());
-  const done = exited(child);
-  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGTERM'));
-  t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
-  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled: 5 of 100 generated');
-  // The idle keep-alive socket does not hold the server open until the hard deadline (exit 1).
-  t.equal(await done, 0, 'the process exits 0');
-});
+// SIGHUP too: a closed terminal or ssh session sends it, and its default ended the process at once.
+for (const signal of ['SIGTERM', 'SIGHUP'] as const) {
+  t.test(`${signal} during a stream on a keep-alive connection: the stream ends whole and the process exits 0`, async (t) => {
+    const { url, child } = await world(t, 5);
+    const agent = new Agent({ keepAlive: true });
+    t.teardown(() => agent.destroy());
+    const done = exited(child);
+    const text = await streamOnKeepAlive(url, agent, () => child.kill(signal));
+    t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
+    t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled: 5 of 100 generated');
+    // The idle keep-alive socket does not hold the server open until the hard deadline (exit 1).
+    t.equal(await done, 0, 'the process exits 0');
+  });
+}
 
 t.test('a stream still running at the drain deadline is stopped, settled for what it generated, and told why', async (t) => {
   const { url, child, configPath } = await world(t, 200, { TOLLGATE_DRAIN_MS: '500' });
@@ -168,17 +171,6 @@ t.test('a request admitted after the drain deadline is not sent, and its reserva
   t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 0, 'not sent');
   const rows = await collect(gw.ledger.exportRows(null, null));
   t.match(rows, [{ state: 'settled', status: 503, charge_tokens: 0, refund_tokens: 13 }], 'settled, all of it refunded: no model read it');
-});
-
-t.test('SIGHUP (a closed terminal or ssh session) drains like SIGTERM', async (t) => {
-  const { url, child } = await world(t, 5);
-  const agent = new Agent({ keepAlive: true });
-  t.teardown(() => agent.destroy());
-  const done = exited(child);
-  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGHUP'));
-  t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
-  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled');
-  t.equal(await done, 0, 'the process exits 0, not killed by the signal');
 });
 
 t.test('a second signal stops the requests still running at once instead of after the drain', async (t) => {

@@ -76,23 +76,19 @@ t.test('prefix[k] never exceeds the tokens the next turn really shares', async (
 t.test("a message's closing mark counts with it when the template writes one, and only then", async (t) => {
   const { pastClosing } = await import('../../metering/tokenizers/prompt-boundaries.js');
   const at = (prompt: string, after: string) => prompt.indexOf(after) + after.length;
-  const chatml = '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n';
-  t.equal(pastClosing(chatml, at(chatml, 'Hi')), at(chatml, '<|im_end|>\n'), 'ChatML');
-  const llama3 = '<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n';
-  t.equal(pastClosing(llama3, at(llama3, 'Hi')), at(llama3, '<|eot_id|>'), 'Llama 3');
-  const gemma = '<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n';
-  t.equal(pastClosing(gemma, at(gemma, 'Hi')), at(gemma, '<end_of_turn>\n'), 'Gemma');
-  const zephyr = '<|user|>\nHi</s>\n<|assistant|>\n';
-  t.equal(pastClosing(zephyr, at(zephyr, 'Hi')), at(zephyr, '</s>\n'), 'Zephyr');
-  const last = '<|im_start|>user\nHi<|im_end|>\n';
-  t.equal(pastClosing(last, at(last, 'Hi')), last.length, 'the last message, with no reply priming after it');
-  // No closing mark: the offset stays.
-  const plain = 'USER: Hi ASSISTANT:';
-  t.equal(pastClosing(plain, at(plain, 'Hi')), at(plain, 'Hi'), 'plain-text roles');
-  const opening = '<|user|>Hi<|assistant|>Hello';
-  t.equal(pastClosing(opening, at(opening, 'Hi')), at(opening, 'Hi'), "the next role's opening, followed by its text, is not a closing");
-  const call = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call><|im_end|>';
-  t.equal(pastClosing(call, at(call, 'get_weather')), at(call, 'get_weather'), 'a tool-call name ends inside JSON');
+  // [template, rendered prompt, the text the message ends with, where its rendering ends]
+  const cases: Array<[string, string, string, string]> = [
+    ['ChatML', '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', 'Hi', '<|im_end|>\n'],
+    ['Llama 3', '<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n', 'Hi', '<|eot_id|>'],
+    ['Gemma', '<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n', 'Hi', '<end_of_turn>\n'],
+    ['Zephyr', '<|user|>\nHi</s>\n<|assistant|>\n', 'Hi', '</s>\n'],
+    ['the last message, with no reply priming after it', '<|im_start|>user\nHi<|im_end|>\n', 'Hi', '<|im_end|>\n'],
+    // No closing mark: the offset stays.
+    ['plain-text roles', 'USER: Hi ASSISTANT:', 'Hi', 'Hi'],
+    ["the next role's opening, followed by its text, is not a closing", '<|user|>Hi<|assistant|>Hello', 'Hi', 'Hi'],
+    ['a tool-call name ends inside JSON', '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call><|im_end|>', 'get_weather', 'get_weather'],
+  ];
+  for (const [name, prompt, text, end] of cases) t.equal(pastClosing(prompt, at(prompt, text)), at(prompt, end), name);
 });
 
 t.test('tool-call history: boundaries still found, conservative where text is re-serialised', async (t) => {
