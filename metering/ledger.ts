@@ -286,4 +286,15 @@ export interface Ledger {
    * or cap reads these rows (they keep their own counters), so nothing but the export changes.
    */
   pruneRows(untilMs: number, limit: number): Promise<number>;
+  /**
+   * Retention of what the rows leave behind: conversation heads last moved, or runs started,
+   * before `untilMs`. One call looks at up to `limit` keys after `after` (key order; '' for the
+   * first) and deletes those that qualify; it returns how many went and the key to go on from
+   * (null at the table's end). A head of a conversation with a cap or a parent is kept (with it
+   * gone, a request without the conversation header would start a new conversation, outside the
+   * cap); so is a run with a reservation still open.
+   */
+  pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }>;
 }
+
+export type HistoryTable = 'heads' | 'runs';

@@ -87,6 +87,12 @@ const EXPORT_YIELD_MS = 5;
 const EXPORT_CLOCK_ROWS = 32;
 /** Rows deleted per transaction by `DELETE /admin/ledger`: each batch is a few milliseconds of writing. */
 const PRUNE_BATCH_ROWS = 2000;
+/**
+ * Conversation heads and runs go only once a day old, whatever `until` says: a run still going
+ * (its time budget turned off) would start again with a fresh budget, and a conversation paused
+ * for an hour would lose its shared prefix.
+ */
+const HISTORY_KEPT_MS = 86_400_000;
 const MAX_TIME_MS = 8.64e15;
 
 const route: FastifyPluginAsync = async (app) => {
@@ -187,19 +193,32 @@ const route: FastifyPluginAsync = async (app) => {
 
   // Retention: the rows of finished requests before `until` (exclusive, as the export's) are
   // deleted, a batch per transaction so other requests run between them. Open reservations stay;
-  // spend, budgets and caps keep their own counters and do not change (ADR 0005).
+  // spend, budgets and caps keep their own counters and do not change. Then what the rows leave
+  // behind: conversation heads last moved, and runs started, before `until` and more than a day
+  // ago (ADR 0005). Conversations themselves stay (owners, caps, spend).
   app.delete<{ Querystring: { until?: string } }>('/admin/ledger', async (request) => {
     const until = timeParam(request.query.until, 'until');
     if (until === null) throw new GatewayError('invalid_request', 'until: required: the rows of requests before this time are deleted', {}, 'until');
+    const turn = () => new Promise((r) => setImmediate(r));
     let deleted = 0;
     for (;;) {
       const n = await ledger().pruneRows(until, PRUNE_BATCH_ROWS);
       deleted += n;
       if (n < PRUNE_BATCH_ROWS) break;
-      await new Promise((r) => setImmediate(r));
+      await turn();
     }
-    request.log.info({ until: new Date(until).toISOString(), deleted }, 'ledger rows deleted');
-    return { deleted, until: new Date(until).toISOString() };
+    const historyUntil = Math.min(until, app.gateway.clock() - HISTORY_KEPT_MS);
+    const history = { heads: 0, runs: 0 };
+    for (const table of ['heads', 'runs'] as const) {
+      for (let after: string | null = ''; after !== null; ) {
+        const batch = await ledger().pruneHistory(table, historyUntil, after, PRUNE_BATCH_ROWS);
+        history[table] += batch.deleted;
+        after = batch.next;
+        await turn();
+      }
+    }
+    request.log.info({ until: new Date(until).toISOString(), deleted, heads_deleted: history.heads, runs_deleted: history.runs }, 'ledger rows deleted');
+    return { deleted, heads_deleted: history.heads, runs_deleted: history.runs, until: new Date(until).toISOString() };
   });
 
   app.get<{ Querystring: { since?: string; until?: string } }>('/admin/ledger', async (request, reply) => {

@@ -6,6 +6,7 @@ import type {
   AdmitResult,
   ConversationHead,
   ConversationSpend,
+  HistoryTable,
   KeyRecord,
   Ledger,
   LedgerRow,
@@ -338,6 +339,23 @@ export class PostgresLedger implements Ledger {
       [untilMs, limit],
     );
     return rowCount ?? 0;
+  }
+
+  async pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }> {
+    const scan =
+      table === 'heads'
+        ? 'SELECT conversation AS k FROM heads WHERE conversation > $1 ORDER BY conversation LIMIT $2'
+        : 'SELECT id AS k FROM runs WHERE id > $1 ORDER BY id LIMIT $2';
+    const keys = (await this.pool.query<{ k: string }>(scan, [after, limit])).rows.map((r) => r.k);
+    if (keys.length === 0) return { deleted: 0, next: null };
+    const prune =
+      table === 'heads'
+        ? `DELETE FROM heads WHERE conversation = ANY($1::text[]) AND time < $2
+           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = heads.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`
+        : `DELETE FROM runs WHERE id = ANY($1::text[]) AND started_at < $2
+           AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')`;
+    const { rowCount } = await this.pool.query(prune, [keys, untilMs]);
+    return { deleted: rowCount ?? 0, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }
 
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {

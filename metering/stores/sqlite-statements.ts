@@ -66,6 +66,13 @@ export function prepareSqlite(db: Database.Database) {
     anyKey: s('SELECT 1 FROM api_keys LIMIT 1'),
     pruneRows: s(`DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows
       WHERE time < ? AND state <> 'reserved' ORDER BY time, id LIMIT ?)`),
+    // Retention of what rows leave behind (ADR 0005), walked in key order a batch at a time.
+    headKeysAfter: s('SELECT conversation FROM heads WHERE conversation > ? ORDER BY conversation LIMIT ?').pluck(),
+    pruneHeads: s(`DELETE FROM heads WHERE conversation IN (SELECT value FROM json_each(@keys)) AND time < @until
+      AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = heads.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`),
+    runKeysAfter: s('SELECT id FROM runs WHERE id > ? ORDER BY id LIMIT ?').pluck(),
+    pruneRuns: s(`DELETE FROM runs WHERE id IN (SELECT value FROM json_each(@keys)) AND started_at < @until
+      AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')`),
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),

@@ -8,6 +8,7 @@ import type {
   AdmitResult,
   ConversationHead,
   ConversationSpend,
+  HistoryTable,
   KeyRecord,
   Ledger,
   LedgerRow,
@@ -587,6 +588,15 @@ export class SqliteLedger implements Ledger {
 
   async pruneRows(untilMs: number, limit: number): Promise<number> {
     return this.q.pruneRows.run(untilMs, limit).changes;
+  }
+
+  async pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }> {
+    const keys = (table === 'heads' ? this.q.headKeysAfter : this.q.runKeysAfter).all(after, limit) as string[];
+    if (keys.length === 0) return { deleted: 0, next: null };
+    const prune = table === 'heads' ? this.q.pruneHeads : this.q.pruneRuns;
+    const deleted = prune.run({ keys: JSON.stringify(keys), until: untilMs }).changes;
+    // (A pruned head's hash stays among the fingerprints: its look-up then queries and finds nothing.)
+    return { deleted, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }
 
   async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {

@@ -2,7 +2,8 @@
 // batches; open reservations stay; spend, budgets, caps and conversations keep their own counters
 // and do not move.
 import t from 'tap';
-import { collect, reservation, settlement, storeFactories } from '../helpers/stores.js';
+import { collect, conversationHead, reservation, settlement, storeFactories } from '../helpers/stores.js';
+import type { HistoryTable, Ledger } from '../../metering/ledger.js';
 import { startGateway } from '../helpers/gateway.js';
 
 const DAY = 86_400_000;
@@ -34,6 +35,46 @@ for (const factory of storeFactories(t)) {
   });
 }
 
+/** Walks a table as the route does, two keys a call (so the cursor is used), and says how many went. */
+async function pruneAll(ledger: Ledger, table: HistoryTable, until: number): Promise<number> {
+  let deleted = 0;
+  for (let after: string | null = ''; after !== null; ) {
+    const batch = await ledger.pruneHistory(table, until, after, 2);
+    deleted += batch.deleted;
+    after = batch.next;
+  }
+  return deleted;
+}
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: heads and runs before the time go; a capped or nested conversation's head and an open run stay`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const turn = async (conversation: string, time: number, opts: { parent?: string; open?: boolean } = {}) => {
+      const r = reservation({ conversation, run: `${conversation}/run`, time, parent: opts.parent ?? null, month: '2026-11' });
+      t.equal((await ledger.admit(r)).ok, true);
+      if (!opts.open) await ledger.settle(r.id, settlement(r, 1), conversationHead({ conversation, time, chain: [`h-${conversation}`] }));
+    };
+    await turn('old', T0);
+    await turn('recent', T0 + 10 * DAY);
+    await ledger.setConversationCap('capped', null, 5);
+    await turn('capped', T0);
+    await turn('top', T0);
+    await turn('child', T0, { parent: 'top' });
+    await turn('open', T0, { open: true });
+
+    t.equal(await pruneAll(ledger, 'heads', T0 + 5 * DAY), 2, 'the heads of "old" and "top"');
+    for (const [conversation, kept] of [['old', false], ['top', false], ['recent', true], ['capped', true], ['child', true]] as const) {
+      t.equal((await ledger.getHead(conversation)) !== null, kept, `${conversation}: head ${kept ? 'kept' : 'gone'}`);
+    }
+    t.equal(await pruneAll(ledger, 'runs', T0 + 5 * DAY), 4, 'the finished runs started before the time');
+    for (const [conversation, kept] of [['old', false], ['capped', false], ['open', true], ['recent', true]] as const) {
+      t.equal((await ledger.getRun(`${conversation}/run`)) !== null, kept, `${conversation}: run ${kept ? 'kept' : 'gone'}`);
+    }
+    t.match(await ledger.conversationSpend('capped'), { capUsd: 5 }, 'conversations themselves stay');
+    t.equal(await pruneAll(ledger, 'heads', T0 + 5 * DAY), 0, 'nothing more');
+  });
+}
+
 t.test('DELETE /admin/ledger?until= needs the admin token and the time, and says how many went', async (t) => {
   const gw = await startGateway(t, { upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['*'] }] });
   for (let i = 0; i < 5; i++) {
@@ -49,6 +90,21 @@ t.test('DELETE /admin/ledger?until= needs the admin token and the time, and says
   t.equal((await del('?until=yesterday')).status, 400);
   const res = await del(`?until=${T0 + 3}`);
   t.equal(res.status, 200);
-  t.same(await res.json(), { deleted: 3, until: new Date(T0 + 3).toISOString() });
+  t.same(await res.json(), { deleted: 3, heads_deleted: 0, runs_deleted: 1, until: new Date(T0 + 3).toISOString() }, 'the run the rows were in');
   t.equal((await collect(gw.ledger.exportRows(null, null))).length, 2);
+});
+
+t.test('DELETE /admin/ledger keeps heads and runs younger than a day, whatever `until` says', async (t) => {
+  const gw = await startGateway(t, { upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['*'] }] }, { clock: true });
+  const now = gw.now.ms;
+  for (const [conversation, age] of [['paused', 3_600_000], ['idle', 2 * DAY]] as const) {
+    const r = reservation({ tenant: 'local', conversation, run: `${conversation}/run`, time: now - age });
+    await gw.ledger.admit(r);
+    await gw.ledger.settle(r.id, settlement(r, 1), conversationHead({ conversation, tenant: 'local', time: now - age, chain: [`h-${conversation}`] }));
+  }
+  const res = await fetch(`${gw.url}/admin/ledger?until=${now}`, { method: 'DELETE', headers: { authorization: 'Bearer admin-secret' } });
+  t.same(await res.json(), { deleted: 2, heads_deleted: 1, runs_deleted: 1, until: new Date(now).toISOString() });
+  t.not(await gw.ledger.getHead('paused'), null, 'a conversation paused for an hour keeps its shared prefix');
+  t.not(await gw.ledger.getRun('paused/run'), null, 'and its run its budget');
+  t.equal(await gw.ledger.getHead('idle'), null);
 });
