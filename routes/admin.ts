@@ -93,6 +93,11 @@ const PRUNE_BATCH_ROWS = 2000;
  * for an hour would lose its shared prefix.
  */
 const HISTORY_KEPT_MS = 86_400_000;
+/**
+ * Heads and runs looked at per statement: a head is a large row in three indexes, ~60 µs to delete
+ * (measured on a 1.5 M-request ledger), so batches are smaller than the rows'.
+ */
+const PRUNE_BATCH_HISTORY = 250;
 const MAX_TIME_MS = 8.64e15;
 
 const route: FastifyPluginAsync = async (app) => {
@@ -211,7 +216,7 @@ const route: FastifyPluginAsync = async (app) => {
     const history = { heads: 0, runs: 0 };
     for (const table of ['heads', 'runs'] as const) {
       for (let after: string | null = ''; after !== null; ) {
-        const batch = await ledger().pruneHistory(table, historyUntil, after, PRUNE_BATCH_ROWS);
+        const batch = await ledger().pruneHistory(table, historyUntil, after, PRUNE_BATCH_HISTORY);
         history[table] += batch.deleted;
         after = batch.next;
         await turn();

@@ -587,7 +587,10 @@ export class SqliteLedger implements Ledger {
   }
 
   async pruneRows(untilMs: number, limit: number): Promise<number> {
-    return this.q.pruneRows.run(untilMs, limit).changes;
+    const deleted = this.q.pruneRows.run(untilMs, limit).changes;
+    // Deletes fill the WAL as commits do: the worker checkpoints it, not this connection.
+    this.checkpointer?.afterCommit();
+    return deleted;
   }
 
   async pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }> {
@@ -595,6 +598,7 @@ export class SqliteLedger implements Ledger {
     if (keys.length === 0) return { deleted: 0, next: null };
     const prune = table === 'heads' ? this.q.pruneHeads : this.q.pruneRuns;
     const deleted = prune.run({ keys: JSON.stringify(keys), until: untilMs }).changes;
+    this.checkpointer?.afterCommit();
     // (A pruned head's hash stays among the fingerprints: its look-up then queries and finds nothing.)
     return { deleted, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }
