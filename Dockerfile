@@ -26,6 +26,7 @@ WORKDIR /data
 VOLUME /data
 EXPOSE 8787
 # Listening on 0.0.0.0 needs client keys: mount a config with auth.keys at TOLLGATE_CONFIG.
+# It asks the address the gateway listens on: loopback when that is every address (0.0.0.0, ::).
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
-  CMD node -e "fetch('http://127.0.0.1:'+(process.env.TOLLGATE_PORT||8787)+'/healthz').then(r=>process.exit(r.ok?0:1)).catch(()=>process.exit(1))"
+  CMD node -e "const h=process.env.TOLLGATE_HOST||'127.0.0.1';const a=h==='0.0.0.0'?'127.0.0.1':h==='::'?'[::1]':h.includes(':')?'['+h+']':h;fetch('http://'+a+':'+(process.env.TOLLGATE_PORT||8787)+'/healthz').then(r=>process.exit(r.ok?0:1)).catch(()=>process.exit(1))"
 CMD ["node", "/app/dist/server/main.js"]
