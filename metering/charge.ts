@@ -18,6 +18,11 @@ export interface SharedPrefixInput {
   now: number;
   /** Where this request goes: its cache settings, and the server behind it (`serverIdOf`). */
   upstream: { prefixCache: boolean; prefixCacheTtlSeconds: number; serverId: string };
+  /**
+   * The counts come from the server's own rendering of the whole prompt (llama.cpp): shared
+   * messages count only while both requests' counts agree at every boundary up to them.
+   */
+  renderedByServer?: boolean;
 }
 
 /** How many leading messages two prefix chains have in common. */
@@ -49,8 +54,20 @@ export function sharedPrefixTokens(i: SharedPrefixInput): number {
   // A head from before servers were recorded (null) counts as this server: an upgrade must not
   // charge every open conversation in full (ADR 0004).
   if (head.serverId !== null && head.serverId !== i.upstream.serverId) return 0;
-  const k = sharedMessageCount(head.chain, i.chain);
-  if (k === 0) return 0;
+  let k = sharedMessageCount(head.chain, i.chain);
+  // A server's template can render the same message differently by where it stands: Qwen3 keeps
+  // an assistant turn's reasoning only while no user message follows it, so the next request,
+  // which adds one, renders that turn shorter, and all it really shares ends there. The counts at
+  // the boundaries then differ: only the messages before the first difference are shared.
+  if (i.renderedByServer) {
+    for (let j = 0; j <= k; j++) {
+      if (prefix[j] !== undefined && head.prefix[j] !== undefined && prefix[j] !== head.prefix[j]) {
+        k = j - 1;
+        break;
+      }
+    }
+  }
+  if (k <= 0) return 0;
   // Same messages, same tokenizer: the counts agree; take the smaller to stay conservative.
   return Math.min(prefix[k] ?? 0, head.prefix[k] ?? Number.MAX_SAFE_INTEGER);
 }

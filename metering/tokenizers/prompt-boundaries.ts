@@ -37,10 +37,13 @@ export function messageBoundaries(prompt: string, messages: ChatMessage[]): numb
 }
 
 /**
- * A template's end-of-message mark, as chat templates write it: one control tag (`<|im_end|>`,
- * `<|eot_id|>`, `<|end|>`, `<end_of_turn>`, `</s>`), then an optional line end.
+ * A template's end-of-message mark, then an optional line end: the known ones only — ChatML's
+ * `<|im_end|>`, Llama 3's `<|eot_id|>`, Phi-3's `<|end|>`, Gemma's `<end_of_turn>`, `</s>`,
+ * Command R's `<|END_OF_TURN_TOKEN|>`, Granite's `<|end_of_text|>`. Any tag would do worse: in a
+ * template with no mark (GLM-4) the tag after a message is the next role's opening, and after
+ * the last message it is the reply priming, which SPEC §11 leaves out.
  */
-const CLOSING = /^(?:<\|[A-Za-z0-9_]{1,40}\|>|<\/?[A-Za-z_]{1,40}>)[ \t]*\n?/;
+const CLOSING = /^(?:<\|(?:im_end|eot_id|end|eot|end_of_text|endoftext|END_OF_TURN_TOKEN)\|>|<end_of_turn>|<\/s>)[ \t]*\n?/;
 /** What must follow it: the next message's opening tag, or the end of the prompt. */
 const OPENING_OR_END = /^(?:<\|[A-Za-z0-9_]{1,40}\|>|<[A-Za-z_]{1,40}>|$)/;
 

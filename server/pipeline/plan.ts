@@ -399,7 +399,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const toolHash = toolHashOf(valid);
   const promptTokens = rows.sumTokens;
   const cache = { prefixCache: upstream.config.prefixCache, prefixCacheTtlSeconds: upstream.config.prefixCacheTtlSeconds, serverId: upstream.serverId };
-  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: cache });
+  // (A final answer below is measured on its messages alone, the server's rendering of the tools
+  // aside: ADR 0004.)
+  const renderedByServer = counted.chat?.method === 'llamacpp';
+  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
 

@@ -86,6 +86,7 @@ t.test("a message's closing mark counts with it when the template writes one, an
     // No closing mark: the offset stays.
     ['plain-text roles', 'USER: Hi ASSISTANT:', 'Hi', 'Hi'],
     ["the next role's opening, followed by its text, is not a closing", '<|user|>Hi<|assistant|>Hello', 'Hi', 'Hi'],
+    ['GLM-4: no mark, and the reply priming after the last message is not one', '[gMASK]<sop><|user|>\nHi<|assistant|>\n', 'Hi', 'Hi'],
     ['a tool-call name ends inside JSON', '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call><|im_end|>', 'get_weather', 'get_weather'],
   ];
   for (const [name, prompt, text, end] of cases) t.equal(pastClosing(prompt, at(prompt, text)), at(prompt, end), name);

@@ -1,0 +1,24 @@
+// The shared prefix of SPEC §4 (metering/charge.ts): what a request shares with its conversation's
+// previous one, and never more.
+import t from 'tap';
+import { sharedPrefixTokens, promptChargeFor } from '../metering/charge.js';
+
+const upstream = { prefixCache: true, prefixCacheTtlSeconds: 3600, serverId: 'llama-1' };
+const head = (prefix: number[]) => ({ model: 'm', toolHash: '', serverId: 'llama-1', chain: ['u1', 'a1', 't1'], prefix, time: 0 });
+
+t.test("a message the server's template renders otherwise in the next request is not shared, nor what follows it", async (t) => {
+  // 1. The previous request [u1, a1, t1]: a1 came after the last user message, and a Qwen3-style
+  //    template kept its reasoning (a1 renders as 60 tokens).
+  const previous = head([5, 30, 90, 120]);
+  // 2. This request [u1, a1, t1, a2, u2]: a user message follows a1 now, and it renders without
+  //    its reasoning (20 tokens): the server's cache matches only up to a1.
+  const current = { chain: ['u1', 'a1', 't1', 'a2', 'u2'], prefix: [5, 30, 50, 80, 90, 100], model: 'm', toolHash: '', now: 1, upstream };
+  t.equal(sharedPrefixTokens({ ...current, head: previous, renderedByServer: true }), 30, 'u1 only: the counts part at a1');
+  // 3. Counted by the gateway itself (tiktoken), a message counts the same wherever it stands.
+  t.equal(sharedPrefixTokens({ ...current, head: previous }), 80, 'all three, the smaller count of each');
+  // 4. Counts that agree at every boundary: all three messages.
+  t.equal(sharedPrefixTokens({ ...current, head: head([5, 30, 50, 80]), renderedByServer: true }), 80);
+  // 5. They part before the first message ends (the system turn itself was rendered otherwise).
+  t.equal(sharedPrefixTokens({ ...current, head: head([5, 31, 51, 81]), renderedByServer: true }), 0);
+  t.equal(promptChargeFor(100, 30), 86, 'the charge: 100 − (30 − 16)');
+});
