@@ -15,6 +15,8 @@ const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 
 /** How long a stopping gateway lets requests in flight run before it stops them (ms), by default. */
 const DEFAULT_DRAIN_MS = 25_000;
+/** A signal within this long of the first is taken as the same one, delivered twice (ms). */
+const SAME_SIGNAL_MS = 1_000;
 /** How much longer than the drain a stopping gateway waits before it exits whatever is left (ms). */
 const HARD_EXIT_AFTER_DRAIN_MS = 5_000;
 
@@ -87,15 +89,19 @@ async function main(): Promise<void> {
     app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
   }
   let closing = false;
+  let firstSignalAt = 0;
   let stopNow: (() => void) | null = null;
   const shutdown = async (signal: string) => {
     // A second signal (Ctrl-C twice, an impatient supervisor): requests still running are stopped
-    // at once, each settled for what it generated, rather than after the rest of the drain.
+    // at once, each settled for what it generated, rather than after the rest of the drain. One
+    // that comes within a second is the same signal twice (npm passes on to its child what the
+    // whole process group was sent, so the gateway gets it a couple of milliseconds apart).
     if (closing) {
-      stopNow?.();
+      if (Date.now() - firstSignalAt >= SAME_SIGNAL_MS) stopNow?.();
       return;
     }
     closing = true;
+    firstSignalAt = Date.now();
     app.log.info({ signal, drainMs }, 'shutting down');
     // Stop taking connections, let requests in flight finish and settle, then close pools and the
     // store. A keep-alive connection goes as soon as it is idle (Fastify keeps one open 72 s).

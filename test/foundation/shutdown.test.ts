@@ -180,11 +180,28 @@ t.test('a second signal stops the requests still running at once instead of afte
   const done = exited(child);
   const text = await streamOnKeepAlive(url, agent, () => {
     child.kill('SIGINT');
-    setTimeout(() => child.kill('SIGINT'), 300);
+    setTimeout(() => child.kill('SIGINT'), 1_500);
   });
   // 400 tokens at 100 ms each take 40 s, well inside the 60 s drain: only the second signal stops it.
   t.match(text, /"code":"shutting_down"/, 'the stream ends with a shutting_down error event');
   const refund = Number(/: tollgate \{"charge_tokens":\d+,"refund_tokens":(\d+)/.exec(text)?.[1]);
   t.ok(refund > 0, `stopped part way, settled for what it generated (${400 - refund} of 400)`);
+  t.equal(await done, 0);
+});
+
+// npm passes on to its child the signal the whole process group was sent (systemd, Ctrl-C): the
+// gateway gets it twice, milliseconds apart, and that is one request to stop, not two.
+t.test('the same signal twice within a second drains once, as one signal', async (t) => {
+  const { url, child } = await world(t, 5);
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => {
+    child.kill('SIGTERM');
+    // (Apart: a signal sent while the first is still pending is merged with it by the kernel.)
+    setTimeout(() => child.kill('SIGTERM'), 20);
+  });
+  t.notMatch(text, /shutting_down/, 'not stopped');
+  t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'it ran to its end and was settled');
   t.equal(await done, 0);
 });
