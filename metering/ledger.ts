@@ -292,7 +292,8 @@ export interface Ledger {
    * first) and deletes those that qualify; it returns how many went and the key to go on from
    * (null at the table's end). A head of a conversation with a cap or a parent is kept (with it
    * gone, a request without the conversation header would start a new conversation, outside the
-   * cap); so is a run with a reservation still open.
+   * cap); so is a run with a reservation still open, or whose conversation had a request since
+   * `untilMs` (its run may be going on: runs record when they started, not when last used).
    */
   pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }>;
 }

@@ -353,7 +353,8 @@ export class PostgresLedger implements Ledger {
         ? `DELETE FROM heads WHERE conversation = ANY($1::text[]) AND time < $2
            AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = heads.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`
         : `DELETE FROM runs WHERE id = ANY($1::text[]) AND started_at < $2
-           AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')`;
+           AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')
+           AND NOT EXISTS (SELECT 1 FROM heads h WHERE h.conversation = runs.conversation AND h.time >= $2)`;
     const { rowCount } = await this.pool.query(prune, [keys, untilMs]);
     return { deleted: rowCount ?? 0, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }

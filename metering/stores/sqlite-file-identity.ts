@@ -1,10 +1,11 @@
 // Whether the SQLite ledger's file is still the one this connection opened. An open connection
-// keeps writing to its file after the file is deleted or replaced (`rm`, a restore copied over it,
-// a volume mounted again): every write from then on is lost at the next start, which finds no
-// file or another one. The gateway checks the path's device and inode against those it opened, on
-// each readiness probe and at most once a second on admission, and refuses new work once they
-// differ (503 `ledger_unavailable`, code `LEDGER_FILE_REPLACED`): a restart opens what the path
-// now names.
+// keeps writing to its file after the file is deleted or replaced (`rm`, another file moved onto
+// the path, a volume mounted again): every write from then on is lost at the next start, which
+// finds no file or another one. The gateway checks the path's device and inode against those it
+// opened, on each readiness probe and at most once a second on admission, and refuses new work
+// once they differ (503 `ledger_unavailable`, code `LEDGER_FILE_REPLACED`): a restart opens what
+// the path now names. A file written over in place (`cp` onto the path) keeps its inode and is
+// not seen here; SQLite does not survive that either (ADR 0005: restore with the gateway stopped).
 
 import { statSync } from 'node:fs';
 

@@ -72,7 +72,8 @@ export function prepareSqlite(db: Database.Database) {
       AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = heads.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`),
     runKeysAfter: s('SELECT id FROM runs WHERE id > ? ORDER BY id LIMIT ?').pluck(),
     pruneRuns: s(`DELETE FROM runs WHERE id IN (SELECT value FROM json_each(@keys)) AND started_at < @until
-      AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')`),
+      AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')
+      AND NOT EXISTS (SELECT 1 FROM heads h WHERE h.conversation = runs.conversation AND h.time >= @until)`),
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),

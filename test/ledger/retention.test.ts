@@ -61,13 +61,17 @@ for (const factory of storeFactories(t)) {
     await turn('top', T0);
     await turn('child', T0, { parent: 'top' });
     await turn('open', T0, { open: true });
+    // A run started before the time and still going: its conversation had a request after it.
+    const going = reservation({ conversation: 'going', run: 'going/run', time: T0, month: '2026-11' });
+    t.equal((await ledger.admit(going)).ok, true);
+    await ledger.settle(going.id, settlement(going, 1), conversationHead({ conversation: 'going', time: T0 + 9 * DAY, chain: ['h-going'] }));
 
     t.equal(await pruneAll(ledger, 'heads', T0 + 5 * DAY), 2, 'the heads of "old" and "top"');
     for (const [conversation, kept] of [['old', false], ['top', false], ['recent', true], ['capped', true], ['child', true]] as const) {
       t.equal((await ledger.getHead(conversation)) !== null, kept, `${conversation}: head ${kept ? 'kept' : 'gone'}`);
     }
     t.equal(await pruneAll(ledger, 'runs', T0 + 5 * DAY), 4, 'the finished runs started before the time');
-    for (const [conversation, kept] of [['old', false], ['capped', false], ['open', true], ['recent', true]] as const) {
+    for (const [conversation, kept] of [['old', false], ['capped', false], ['open', true], ['recent', true], ['going', true]] as const) {
       t.equal((await ledger.getRun(`${conversation}/run`)) !== null, kept, `${conversation}: run ${kept ? 'kept' : 'gone'}`);
     }
     t.match(await ledger.conversationSpend('capped'), { capUsd: 5 }, 'conversations themselves stay');
