@@ -22,3 +22,12 @@ t.test("a message the server's template renders otherwise in the next request is
   t.equal(sharedPrefixTokens({ ...current, head: head([5, 31, 51, 81]), renderedByServer: true }), 0);
   t.equal(promptChargeFor(100, 30), 86, 'the charge: 100 − (30 − 16)');
 });
+
+t.test('the check applies to conversations whose assistant turns carry reasoning, which templates render by position', async (t) => {
+  const { carriesReasoning } = await import('../server/pipeline/plan.js');
+  t.equal(carriesReasoning({ role: 'assistant', content: 'Paris.' }), false, 'a plain reply');
+  t.equal(carriesReasoning({ role: 'assistant', content: 'ok', reasoning_content: 'the user wants…' } as never), true, 'reasoning_content sent back');
+  t.equal(carriesReasoning({ role: 'assistant', content: 'ok', reasoning: 'the user wants…' } as never), true);
+  t.equal(carriesReasoning({ role: 'assistant', content: '<think>the user wants…</think>ok' }), true, 'reasoning inline');
+  t.equal(carriesReasoning({ role: 'user', content: '<think>' }), false, 'only assistant turns');
+});

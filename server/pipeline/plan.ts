@@ -87,6 +87,13 @@ export interface Plan {
  * A tool round: a request that offers tools and goes as sent. It must leave the run's answer
  * reserve untouched (SPEC §11); past that it goes as the final answer instead.
  */
+/** An assistant turn with its reasoning in it, which some templates render by where it stands. */
+export function carriesReasoning(m: ChatMessage): boolean {
+  if (m.role !== 'assistant') return false;
+  const { reasoning_content: rc, reasoning, content } = m as ChatMessage & { reasoning_content?: unknown; reasoning?: unknown };
+  return (typeof rc === 'string' && rc !== '') || (typeof reasoning === 'string' && reasoning !== '') || (typeof content === 'string' && content.includes('<think>'));
+}
+
 export function isToolRound(plan: Plan): boolean {
   return plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
 }
@@ -399,9 +406,13 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const toolHash = toolHashOf(valid);
   const promptTokens = rows.sumTokens;
   const cache = { prefixCache: upstream.config.prefixCache, prefixCacheTtlSeconds: upstream.config.prefixCacheTtlSeconds, serverId: upstream.serverId };
-  // (A final answer below is measured on its messages alone, the server's rendering of the tools
-  // aside: ADR 0004.)
-  const renderedByServer = counted.chat?.method === 'llamacpp';
+  // A llama.cpp template may render an assistant turn's reasoning only while no user message
+  // follows it (Qwen3): in such a conversation the counts must agree at every shared boundary
+  // (ADR 0004). Not in others, where the check would cost credit for nothing: a turn counted by
+  // the byte estimate while the tokenizer was away, or a message text a template trims, makes
+  // the counts differ where the renderings do not. (A final answer below is measured on its
+  // messages alone, the server's rendering of the tools aside.)
+  const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
   let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
