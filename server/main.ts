@@ -97,11 +97,12 @@ async function main(): Promise<void> {
     // that comes within a second is the same signal twice (npm passes on to its child what the
     // whole process group was sent, so the gateway gets it a couple of milliseconds apart).
     if (closing) {
-      if (Date.now() - firstSignalAt >= SAME_SIGNAL_MS) stopNow?.();
+      if (performance.now() - firstSignalAt >= SAME_SIGNAL_MS) stopNow?.();
+      else app.log.debug({ signal }, 'the same signal again within a second: taken as one');
       return;
     }
     closing = true;
-    firstSignalAt = Date.now();
+    firstSignalAt = performance.now();
     app.log.info({ signal, drainMs }, 'shutting down');
     // Stop taking connections, let requests in flight finish and settle, then close pools and the
     // store. A keep-alive connection goes as soon as it is idle (Fastify keeps one open 72 s).
