@@ -83,10 +83,6 @@ export interface Plan {
   head: ConversationHead | null;
 }
 
-/**
- * A tool round: a request that offers tools and goes as sent. It must leave the run's answer
- * reserve untouched (SPEC §11); past that it goes as the final answer instead.
- */
 /** An assistant turn with its reasoning in it, which some templates render by where it stands. */
 export function carriesReasoning(m: ChatMessage): boolean {
   if (m.role !== 'assistant') return false;
@@ -94,6 +90,10 @@ export function carriesReasoning(m: ChatMessage): boolean {
   return (typeof rc === 'string' && rc !== '') || (typeof reasoning === 'string' && reasoning !== '') || (typeof content === 'string' && content.includes('<think>'));
 }
 
+/**
+ * A tool round: a request that offers tools and goes as sent. It must leave the run's answer
+ * reserve untouched (SPEC §11); past that it goes as the final answer instead.
+ */
 export function isToolRound(plan: Plan): boolean {
   return plan.mode === 'normal' && (plan.valid.tools !== null || Array.isArray(plan.valid.body.functions));
 }

@@ -74,7 +74,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   try {
     await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
   } catch (caught) {
-    const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? shuttingDown() : caught;
+    const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? stoppedByShutdown() : caught;
     if (!once.settling) {
       // A client that went away while the model worked pays for the prompt it read (499), as at
       // forwarding; anything else that ended the request here refunds it all.
@@ -113,7 +113,6 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
 
 /** The abort reason of a request stopped because the gateway is shutting down. */
 const SHUTTING_DOWN = Symbol('shutting down');
-const shuttingDown = stoppedByShutdown;
 
 /** Stages 5–7 for an admitted plan: forward, relay, settle. `once.settling` is set when settlement begins. */
 async function relayAdmitted(
@@ -206,7 +205,7 @@ async function relayAdmitted(
     res = await forward(plan, abort.signal);
   } catch (err) {
     upstreamMs = performance.now() - tForward;
-    if (draining()) err = shuttingDown();
+    if (draining()) err = stoppedByShutdown();
     const clientGone = abort.signal.aborted && !draining();
     const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 502;
     // Only an upstream failure refunds the whole reservation; a client that left while the model
