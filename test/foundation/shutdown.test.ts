@@ -47,6 +47,19 @@ function streamOnKeepAlive(url: string, agent: Agent, onFirstChunk: () => void):
   });
 }
 
+/**
+ * A gateway process streaming `tokens` tokens (100 ms each) on a keep-alive connection, and
+ * `signal(child)` called at the first chunk: the whole stream as received, and the exit code.
+ */
+async function streamWhileSignalled(t: Test, tokens: number, signal: (child: ChildProcess) => void, env: NodeJS.ProcessEnv = {}) {
+  const { url, child, configPath } = await world(t, tokens, env);
+  const agent = new Agent({ keepAlive: true });
+  t.teardown(() => agent.destroy());
+  const done = exited(child);
+  const text = await streamOnKeepAlive(url, agent, () => signal(child));
+  return { text, done, configPath };
+}
+
 async function ledgerRows(url: string): Promise<Array<Record<string, unknown>>> {
   const text = await (await fetch(`${url}/admin/ledger`, { headers: { authorization: 'Bearer admin-secret' } })).text();
   return text.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
@@ -55,11 +68,7 @@ async function ledgerRows(url: string): Promise<Array<Record<string, unknown>>> 
 // SIGHUP too: a closed terminal or ssh session sends it, and its default ended the process at once.
 for (const signal of ['SIGTERM', 'SIGHUP'] as const) {
   t.test(`${signal} during a stream on a keep-alive connection: the stream ends whole and the process exits 0`, async (t) => {
-    const { url, child } = await world(t, 5);
-    const agent = new Agent({ keepAlive: true });
-    t.teardown(() => agent.destroy());
-    const done = exited(child);
-    const text = await streamOnKeepAlive(url, agent, () => child.kill(signal));
+    const { text, done } = await streamWhileSignalled(t, 5, (child) => child.kill(signal));
     t.ok(text.trimEnd().endsWith('data: [DONE]'), 'the stream in flight finished');
     t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":95,/, 'and was settled: 5 of 100 generated');
     // The idle keep-alive socket does not hold the server open until the hard deadline (exit 1).
@@ -68,11 +77,7 @@ for (const signal of ['SIGTERM', 'SIGHUP'] as const) {
 }
 
 t.test('a stream still running at the drain deadline is stopped, settled for what it generated, and told why', async (t) => {
-  const { url, child, configPath } = await world(t, 200, { TOLLGATE_DRAIN_MS: '500' });
-  const agent = new Agent({ keepAlive: true });
-  t.teardown(() => agent.destroy());
-  const done = exited(child);
-  const text = await streamOnKeepAlive(url, agent, () => child.kill('SIGTERM'));
+  const { text, done, configPath } = await streamWhileSignalled(t, 200, (child) => child.kill('SIGTERM'), { TOLLGATE_DRAIN_MS: '500' });
   t.match(text, /"code":"shutting_down"/, 'the stream ends with a shutting_down error event');
   t.match(text, /: tollgate \{"charge_tokens":\d+,"refund_tokens":\d+/, 'with its settled figures');
   t.equal(await done, 0, 'the process exits 0, well before the hard deadline');
@@ -174,14 +179,15 @@ t.test('a request admitted after the drain deadline is not sent, and its reserva
 });
 
 t.test('a second signal stops the requests still running at once instead of after the drain', async (t) => {
-  const { url, child } = await world(t, 400, { TOLLGATE_DRAIN_MS: '60000' });
-  const agent = new Agent({ keepAlive: true });
-  t.teardown(() => agent.destroy());
-  const done = exited(child);
-  const text = await streamOnKeepAlive(url, agent, () => {
-    child.kill('SIGINT');
-    setTimeout(() => child.kill('SIGINT'), 1_500);
-  });
+  const { text, done } = await streamWhileSignalled(
+    t,
+    400,
+    (child) => {
+      child.kill('SIGINT');
+      setTimeout(() => child.kill('SIGINT'), 1_500);
+    },
+    { TOLLGATE_DRAIN_MS: '60000' },
+  );
   // 400 tokens at 100 ms each take 40 s, well inside the 60 s drain: only the second signal stops it.
   t.match(text, /"code":"shutting_down"/, 'the stream ends with a shutting_down error event');
   const refund = Number(/: tollgate \{"charge_tokens":\d+,"refund_tokens":(\d+)/.exec(text)?.[1]);
@@ -192,11 +198,7 @@ t.test('a second signal stops the requests still running at once instead of afte
 // npm passes on to its child the signal the whole process group was sent (systemd, Ctrl-C): the
 // gateway gets it twice, milliseconds apart, and that is one request to stop, not two.
 t.test('the same signal twice within a second drains once, as one signal', async (t) => {
-  const { url, child } = await world(t, 5);
-  const agent = new Agent({ keepAlive: true });
-  t.teardown(() => agent.destroy());
-  const done = exited(child);
-  const text = await streamOnKeepAlive(url, agent, () => {
+  const { text, done } = await streamWhileSignalled(t, 5, (child) => {
     child.kill('SIGTERM');
     // (Apart: a signal sent while the first is still pending is merged with it by the kernel.)
     setTimeout(() => child.kill('SIGTERM'), 20);
