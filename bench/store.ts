@@ -112,6 +112,7 @@ async function oneVariant(ids: Ids, slices: number, slice: number): Promise<numb
         serverId: 'bench-server',
         chain,
         prefix: [0, 60, 120, 200, 240],
+        prefixDigests: null,
         lastCostUsd: 0.0001,
         lastPromptTokens: 240,
         lastOutputTokens: 128,

@@ -8,11 +8,13 @@ import type { ConversationHead } from './ledger.js';
 export const HEADER_TOKENS_KEPT = 16;
 
 export interface SharedPrefixInput {
-  head: Pick<ConversationHead, 'model' | 'toolHash' | 'serverId' | 'chain' | 'prefix' | 'time'> | null;
+  head: Pick<ConversationHead, 'model' | 'toolHash' | 'serverId' | 'chain' | 'prefix' | 'prefixDigests' | 'time'> | null;
   /** This request's prefix-chain hashes (chain[i] covers messages[0..i]). */
   chain: string[];
   /** This request's prefix token counts (prefix[k] = leading k messages), or null (no messages). */
   prefix: number[] | null;
+  /** Digests of the token ids behind each `prefix[k]` (ChatCount.prefixDigests), where the counter saw them. */
+  prefixDigests?: string[] | null;
   model: string;
   toolHash: string;
   now: number;
@@ -67,9 +69,26 @@ export function sharedPrefixTokens(i: SharedPrefixInput): number {
       }
     }
   }
+  // The same count with other tokens is another rendering all the same (Llama 3.x writes today's
+  // date into its system turn: a conversation that crosses midnight is read again from there).
+  k = Math.min(k, lastSameTokens(prefix, head.prefix, i.prefixDigests, head.prefixDigests, k));
   if (k <= 0) return 0;
   // Same messages, same tokenizer: the counts agree; take the smaller to stay conservative.
   return Math.min(prefix[k] ?? 0, head.prefix[k] ?? Number.MAX_SAFE_INTEGER);
+}
+
+/**
+ * The last boundary up to `k` before which both requests' digests agree wherever their counts do:
+ * `k` itself when they do throughout, or when either has none. Where the counts differ the digests
+ * say nothing new (they cover different lengths), and the counts are judged above.
+ */
+function lastSameTokens(prefix: number[], headPrefix: number[], digests: string[] | null | undefined, headDigests: string[] | null, k: number): number {
+  if (!digests || !headDigests) return k;
+  for (let j = 0; j <= k; j++) {
+    const [a, b] = [digests[j], headDigests[j]];
+    if (a !== undefined && b !== undefined && prefix[j] === headPrefix[j] && a !== b) return j - 1;
+  }
+  return k;
 }
 
 /** prompt − max(0, shared − 16), never negative. */

@@ -136,6 +136,11 @@ export interface ConversationHead {
   chain: string[];
   /** prefix[k] = tokens of the rendered leading k messages (see ChatCount.prefix). */
   prefix: number[];
+  /**
+   * Digests of the token ids counted in each `prefix[k]` (ChatCount.prefixDigests), where the
+   * counter saw the ids (llama.cpp); null otherwise, and in a head an older build wrote.
+   */
+  prefixDigests: string[] | null;
   /** Cost of the last reply, for the "pricier" notice. */
   lastCostUsd: number | null;
   lastPromptTokens: number;

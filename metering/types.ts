@@ -98,6 +98,11 @@ export interface ChatCount {
    * priming excluded). `prefix[0]` is the tools' share. Length = messages.length + 1.
    */
   prefix: number[];
+  /**
+   * Where the counter sees the token ids (llama.cpp): `prefixDigests[k]` digests the ids counted in
+   * `prefix[k]`, so a rendering that changed at the same count can be told apart (ADR 0004).
+   */
+  prefixDigests?: string[];
   method: CountMethod;
   /**
    * True when the count is an upper bound, not exact: a pathological run of text was split, or an

@@ -4,7 +4,7 @@ import t from 'tap';
 import { sharedPrefixTokens, promptChargeFor } from '../metering/charge.js';
 
 const upstream = { prefixCache: true, prefixCacheTtlSeconds: 3600, serverId: 'llama-1' };
-const head = (prefix: number[]) => ({ model: 'm', toolHash: '', serverId: 'llama-1', chain: ['u1', 'a1', 't1'], prefix, time: 0 });
+const head = (prefix: number[], prefixDigests: string[] | null = null) => ({ model: 'm', toolHash: '', serverId: 'llama-1', chain: ['u1', 'a1', 't1'], prefix, prefixDigests, time: 0 });
 
 t.test("a message the server's template renders otherwise in the next request is not shared, nor what follows it", async (t) => {
   // 1. The previous request [u1, a1, t1]: a1 came after the last user message, and a Qwen3-style
@@ -21,6 +21,22 @@ t.test("a message the server's template renders otherwise in the next request is
   // 5. They part before the first message ends (the system turn itself was rendered otherwise).
   t.equal(sharedPrefixTokens({ ...current, head: head([5, 31, 51, 81]), renderedByServer: true }), 0);
   t.equal(promptChargeFor(100, 30), 86, 'the charge: 100 − (30 − 16)');
+});
+
+t.test('a message rendered to other tokens at the same count is not shared, nor what follows it', async (t) => {
+  // Llama 3.x's template writes today's date into its system turn: the next day, the previous
+  // request's leading messages count the same and render otherwise (the server's cache is missed).
+  const current = { chain: ['u1', 'a1', 't1', 'u2'], prefix: [12, 30, 50, 80, 90], model: 'm', toolHash: '', now: 1, upstream };
+  const yesterday = head([12, 30, 50, 80], ['d0', 'd1', 'd2', 'd3']);
+  t.equal(sharedPrefixTokens({ ...current, prefixDigests: ['D0', 'D1', 'D2', 'D3', 'D4'], head: yesterday }), 0, 'the date sits before the first message: nothing');
+  t.equal(sharedPrefixTokens({ ...current, prefixDigests: ['d0', 'd1', 'D2', 'D3', 'D4'], head: yesterday }), 30, 'parted in a1: u1 only');
+  t.equal(sharedPrefixTokens({ ...current, prefixDigests: ['d0', 'd1', 'd2', 'd3', 'd4'], head: yesterday }), 80, 'the same tokens throughout: all three');
+  // Where the counts differ the digests cover different lengths and say nothing: the counts are
+  // judged as before (only with reasoning), and a head or request without digests is not checked.
+  const trimmed = { ...current, prefix: [12, 28, 48, 78, 88], prefixDigests: ['d0', 'X1', 'X2', 'X3', 'X4'] };
+  t.equal(sharedPrefixTokens({ ...trimmed, head: yesterday }), 78, 'other counts, no reasoning: the chain decides');
+  t.equal(sharedPrefixTokens({ ...current, prefixDigests: ['D0', 'D1', 'D2', 'D3', 'D4'], head: head([12, 30, 50, 80]) }), 80, 'an older head has none');
+  t.equal(sharedPrefixTokens({ ...current, head: yesterday }), 80, 'a request counted without them has none');
 });
 
 t.test('the check applies to conversations whose assistant turns carry reasoning, which templates render by position', async (t) => {

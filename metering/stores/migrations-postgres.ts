@@ -151,6 +151,12 @@ ALTER TABLE heads ALTER COLUMN last_prompt_tokens TYPE bigint, ALTER COLUMN last
     // nullable column without a default: no rewrite of the table, only a moment's lock.
     sql: `ALTER TABLE heads ADD COLUMN server_id text;`,
   },
+  {
+    version: 6,
+    // Digests of the token ids behind each prefix count (llama.cpp; ADR 0004): a rendering that
+    // changed at the same count shares nothing from there. Heads written before have none.
+    sql: `ALTER TABLE heads ADD COLUMN prefix_digests jsonb;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

@@ -150,6 +150,12 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // server shares none of it. Heads written before have none, and count as the same server.
     sql: `ALTER TABLE heads ADD COLUMN server_id TEXT;`,
   },
+  {
+    version: 6,
+    // Digests of the token ids behind each prefix count (llama.cpp; ADR 0004): a rendering that
+    // changed at the same count shares nothing from there. Heads written before have none.
+    sql: `ALTER TABLE heads ADD COLUMN prefix_digests TEXT;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

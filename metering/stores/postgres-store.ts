@@ -191,7 +191,7 @@ export class PostgresLedger implements Ledger {
   async getHead(conversation: string): Promise<ConversationHead | null> {
     const { rows } = await this.pool.query<ConversationHead>(
       `SELECT conversation, key_id AS "keyId", tenant, model, tool_hash AS "toolHash",
-         server_id AS "serverId", chain, prefix, last_cost_usd AS "lastCostUsd", last_prompt_tokens AS "lastPromptTokens",
+         server_id AS "serverId", chain, prefix, prefix_digests AS "prefixDigests", last_cost_usd AS "lastCostUsd", last_prompt_tokens AS "lastPromptTokens",
          last_output_tokens AS "lastOutputTokens", time
        FROM heads WHERE conversation = $1`,
       [conversation],
@@ -382,12 +382,12 @@ export class PostgresLedger implements Ledger {
 async function upsertHead(db: pg.Pool | pg.PoolClient, h: ConversationHead): Promise<void> {
   await db.query(
     `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
-       last_cost_usd, last_prompt_tokens, last_output_tokens, time, server_id)
-     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13)
+       last_cost_usd, last_prompt_tokens, last_output_tokens, time, server_id, prefix_digests)
+     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13, $14::jsonb)
      ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
        model = excluded.model, tool_hash = excluded.tool_hash, server_id = excluded.server_id,
        chain = excluded.chain,
-       prefix = excluded.prefix, last_hash = excluded.last_hash,
+       prefix = excluded.prefix, prefix_digests = excluded.prefix_digests, last_hash = excluded.last_hash,
        last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
        last_output_tokens = excluded.last_output_tokens, time = excluded.time`,
     [
@@ -404,6 +404,7 @@ async function upsertHead(db: pg.Pool | pg.PoolClient, h: ConversationHead): Pro
       h.lastOutputTokens,
       h.time,
       h.serverId,
+      h.prefixDigests === null ? null : JSON.stringify(h.prefixDigests),
     ],
   );
 }

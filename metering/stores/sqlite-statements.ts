@@ -90,17 +90,17 @@ export function prepareSqlite(db: Database.Database) {
 
     getHead: s('SELECT * FROM heads WHERE conversation = ?'),
     getLastHash: s('SELECT last_hash FROM heads WHERE conversation = ?').pluck(),
-    // Everything but the two long columns, for a head whose chain and prefix this process has.
+    // Everything but the long columns, for a head whose chain, prefix and digests this process has.
     getHeadScalars: s(`SELECT conversation, key_id, tenant, model, tool_hash, server_id, last_hash,
       last_cost_usd, last_prompt_tokens, last_output_tokens, time FROM heads WHERE conversation = ?`),
     putHead: s(`INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, server_id, chain,
-        prefix, last_hash, last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+        prefix, prefix_digests, last_hash, last_cost_usd, last_prompt_tokens, last_output_tokens, time)
       VALUES (@conversation, @key_id, @tenant, @model, @tool_hash, @server_id, @chain, @prefix,
-        @last_hash, @last_cost_usd, @last_prompt_tokens, @last_output_tokens, @time)
+        @prefix_digests, @last_hash, @last_cost_usd, @last_prompt_tokens, @last_output_tokens, @time)
       ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
         model = excluded.model, tool_hash = excluded.tool_hash, server_id = excluded.server_id,
         chain = excluded.chain,
-        prefix = excluded.prefix, last_hash = excluded.last_hash,
+        prefix = excluded.prefix, prefix_digests = excluded.prefix_digests, last_hash = excluded.last_hash,
         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
         last_output_tokens = excluded.last_output_tokens, time = excluded.time`),
     findByKeyChain: s(`SELECT conversation FROM heads WHERE key_id = @key AND tenant = @tenant

@@ -74,6 +74,7 @@ interface HeadRecord {
   server_id: string | null;
   chain: string;
   prefix: string;
+  prefix_digests: string | null;
   last_cost_usd: number | null;
   last_prompt_tokens: number;
   last_output_tokens: number;
@@ -116,7 +117,11 @@ const HEAD_ARRAYS_KEPT = 4096;
  */
 export const HEAD_MESSAGES_KEPT = 262_144;
 
-function headOf(h: Omit<HeadRecord, 'chain' | 'prefix'>, chain: string[], prefix: number[]): ConversationHead {
+/** A head's long columns, decoded: what the head cache keeps. */
+type HeadArrays = Pick<ConversationHead, 'chain' | 'prefix' | 'prefixDigests'>;
+type HeadScalars = Omit<HeadRecord, keyof HeadArrays | 'prefix_digests'>;
+
+function headOf(h: HeadScalars, { chain, prefix, prefixDigests }: HeadArrays): ConversationHead {
   return {
     conversation: h.conversation,
     keyId: h.key_id,
@@ -126,6 +131,7 @@ function headOf(h: Omit<HeadRecord, 'chain' | 'prefix'>, chain: string[], prefix
     serverId: h.server_id,
     chain,
     prefix,
+    prefixDigests,
     lastCostUsd: h.last_cost_usd,
     lastPromptTokens: h.last_prompt_tokens,
     lastOutputTokens: h.last_output_tokens,
@@ -148,7 +154,7 @@ export class SqliteLedger implements Ledger {
   private readonly checkpointer: WalCheckpointer | null;
   private readonly owner: OwnerLock | null;
   /** Chain and prefix of recently written or read heads (least recently used first). */
-  private readonly headArrays = new Map<string, { chain: string[]; prefix: number[]; time: number; lastHash: string }>();
+  private readonly headArrays = new Map<string, HeadArrays & { time: number; lastHash: string }>();
   /** Messages the kept heads hold together (bounded by HEAD_MESSAGES_KEPT). */
   private headMessages = 0;
   /**
@@ -422,19 +428,22 @@ export class SqliteLedger implements Ledger {
     // (another process on the file may have moved it on).
     const known = this.headArrays.get(conversation);
     if (known !== undefined) {
-      const h = this.q.getHeadScalars.get(conversation) as Omit<HeadRecord, 'chain' | 'prefix'> & { last_hash: string } | undefined;
+      const h = this.q.getHeadScalars.get(conversation) as HeadScalars & { last_hash: string } | undefined;
       if (!h) return null;
-      if (h.time === known.time && h.last_hash === known.lastHash) return headOf(h, known.chain, known.prefix);
+      if (h.time === known.time && h.last_hash === known.lastHash) return headOf(h, known);
     }
     const h = this.q.getHead.get(conversation) as HeadRecord | undefined;
     if (!h) return null;
-    const chain = decodeChain(h.chain);
-    const prefix = JSON.parse(h.prefix) as number[];
-    this.rememberHead(conversation, chain, prefix, h.time);
-    return headOf(h, chain, prefix);
+    const arrays: HeadArrays = {
+      chain: decodeChain(h.chain),
+      prefix: JSON.parse(h.prefix) as number[],
+      prefixDigests: h.prefix_digests === null ? null : decodeChain(h.prefix_digests),
+    };
+    this.rememberHead(conversation, arrays, h.time);
+    return headOf(h, arrays);
   }
 
-  private rememberHead(conversation: string, chain: string[], prefix: number[], time: number): void {
+  private rememberHead(conversation: string, { chain, prefix, prefixDigests }: HeadArrays, time: number): void {
     const old = this.headArrays.get(conversation);
     if (old) {
       this.headArrays.delete(conversation);
@@ -442,7 +451,7 @@ export class SqliteLedger implements Ledger {
     }
     // A head longer than the whole budget is not kept, and does not push the others out.
     if (chain.length > HEAD_MESSAGES_KEPT) return;
-    this.headArrays.set(conversation, { chain, prefix, time, lastHash: chain.length > 0 ? chain[chain.length - 1]! : '' });
+    this.headArrays.set(conversation, { chain, prefix, prefixDigests, time, lastHash: chain.length > 0 ? chain[chain.length - 1]! : '' });
     this.headMessages += chain.length;
     // The least recently used go first.
     while (this.headArrays.size > HEAD_ARRAYS_KEPT || this.headMessages > HEAD_MESSAGES_KEPT) {
@@ -462,7 +471,7 @@ export class SqliteLedger implements Ledger {
   }
 
   private writeHead(h: ConversationHead): void {
-    this.rememberHead(h.conversation, h.chain, h.prefix, h.time);
+    this.rememberHead(h.conversation, h, h.time);
     const lastHash = h.chain.length > 0 ? h.chain[h.chain.length - 1]! : '';
     if (this.lastHashes !== null) {
       const from = this.q.getLastHash.get(h.conversation) as string | undefined;
@@ -477,6 +486,7 @@ export class SqliteLedger implements Ledger {
       server_id: h.serverId,
       chain: encodeChain(h.chain),
       prefix: JSON.stringify(h.prefix),
+      prefix_digests: h.prefixDigests === null ? null : encodeChain(h.prefixDigests),
       last_hash: lastHash,
       last_cost_usd: h.lastCostUsd,
       last_prompt_tokens: h.lastPromptTokens,

@@ -7,7 +7,7 @@ import type { Dispatcher } from 'undici';
 import type { ChatCount, ChatMessage, ChatPrompt, CountMethod, TextCount, TokenCounter } from '../types.js';
 import { cacheKey, sharedTokenCache, type TokenCache } from '../token-cache.js';
 import { estimateTokens } from './byte-estimate.js';
-import { messageBoundaries, pastClosing, tokensBefore, type Piece } from './prompt-boundaries.js';
+import { messageBoundaries, pastClosing, tokenDigests, tokensBefore, type Piece } from './prompt-boundaries.js';
 
 export class LlamaCppCountError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -99,25 +99,26 @@ export class LlamaCppCounter implements TokenCounter {
 
   /**
    * Two HTTP calls: render once, tokenize once with pieces. The pieces give each token's byte span
-   * in the prompt, so every `prefix[k]` comes from the same tokenization without more calls.
+   * in the prompt, so every `prefix[k]` comes from the same tokenization without more calls. A
+   * prompt counted before (a retry, an admission preview) is not tokenized again — known by its
+   * rendering too, since a template can render the same request otherwise later (today's date).
    */
   async countChat(prompt: ChatPrompt, signal?: AbortSignal): Promise<ChatCount> {
     // What the server renders its template with: the messages, the tools, and the request's
     // template fields (a tool_choice of "none" drops the tools, chat_template_kwargs switches …).
     const body: Record<string, unknown> & { messages: ChatMessage[] } = { ...prompt.template, messages: prompt.messages };
     if (prompt.tools !== undefined && prompt.tools.length > 0) body.tools = prompt.tools;
-    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:chat`, body);
-    const known = this.chatCounts.get(key);
-    if (known !== undefined) {
-      // Refresh recency: the small map is an LRU of whole prompts (retries, admission previews).
-      this.chatCounts.delete(key);
-      this.chatCounts.set(key, known);
-      return known;
-    }
-
     const rendered = await this.call<{ prompt?: unknown }>('/apply-template', body, signal);
     if (typeof rendered.prompt !== 'string') {
       throw new LlamaCppCountError('llama.cpp /apply-template returned no prompt');
+    }
+    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:chat`, { body, prompt: rendered.prompt });
+    const known = this.chatCounts.get(key);
+    if (known !== undefined) {
+      // Refresh recency: the small map is an LRU of whole prompts.
+      this.chatCounts.delete(key);
+      this.chatCounts.set(key, known);
+      return known;
     }
     const tok = await this.call<TokenizeResponse>(
       '/tokenize',
@@ -136,7 +137,8 @@ export class LlamaCppCounter implements TokenCounter {
     const counted = tokensBefore(rendered.prompt, pieces, bounds);
     const prefix = [counted[0]];
     for (let k = 0; k < prompt.messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));
-    const result: ChatCount = { tokens: pieces.length, prefix, method: this.method, upperBound: false };
+    const ids = pieces.map((p) => p.id);
+    const result: ChatCount = { tokens: pieces.length, prefix, prefixDigests: tokenDigests(ids, prefix), method: this.method, upperBound: false };
     this.remember(key, result);
     return result;
   }

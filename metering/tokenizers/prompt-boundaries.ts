@@ -4,6 +4,7 @@
 //
 // Everything here errs low: a shared prefix may be undercounted (the client is charged a little
 // more) but never overcounted (SPEC §4: credit only what is really shared).
+import { createHash } from 'node:crypto';
 import type { ChatMessage } from '../types.js';
 
 /** One token of `POST /tokenize` with `with_pieces: true`: its text, or its bytes when not UTF-8. */
@@ -126,4 +127,24 @@ function pieceBytes(piece: string | number[]): Buffer {
 function matchAt(text: Buffer, pos: number, piece: Buffer): boolean {
   if (piece.length === 0 || pos + piece.length > text.length) return false;
   return text.compare(piece, 0, piece.length, pos, pos + piece.length) === 0;
+}
+
+/**
+ * For each count `n` in `counts` (non-decreasing), a digest of the first `n` token ids, in one pass
+ * over the ids. Two requests whose leading messages render to the same tokens have the same
+ * digests at the same counts; a template that renders them differently at the same count (Llama
+ * 3.x writes today's date into its system turn) does not (ADR 0004). 16 base64url characters (96
+ * bits): only ever compared with the same conversation's previous request.
+ */
+export function tokenDigests(ids: readonly number[], counts: readonly number[]): string[] {
+  const hash = createHash('sha256');
+  const word = Buffer.alloc(4);
+  let fed = 0;
+  return counts.map((n) => {
+    for (; fed < Math.min(n, ids.length); fed++) {
+      word.writeInt32LE(ids[fed]! | 0);
+      hash.update(word);
+    }
+    return hash.copy().digest('base64url').slice(0, 16);
+  });
 }

@@ -413,7 +413,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // the counts differ where the renderings do not. (A final answer below is measured on its
   // messages alone, the server's rendering of the tools aside.)
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
-  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
+  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
 

@@ -91,6 +91,7 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
     serverId: plan.upstream.serverId,
     chain: plan.chain,
     prefix: o.refundAll ? plan.chatCount.prefix.map(() => 0) : plan.chatCount.prefix,
+    prefixDigests: o.refundAll ? null : (plan.chatCount.prefixDigests ?? null),
     lastCostUsd: o.refundAll ? null : costUsd,
     lastPromptTokens: plan.rows.sumTokens,
     lastOutputTokens: generated,

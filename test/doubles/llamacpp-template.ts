@@ -90,19 +90,22 @@ const TOOLS_OUTRO =
 /**
  * The prompt llama.cpp renders for a chat request. A final assistant message is a prefill: left
  * open (no `<|im_end|>`) and without a generation prompt, as `apply-template.response.json` shows.
+ * `preamble` is not the recorded template's: text some templates write at the head of the system
+ * turn, with or without a system message (Llama 3.x: "Cutting Knowledge Date: … Today Date: …").
  */
-export function renderChat(messages: TemplateMessage[], tools?: unknown[], addGenerationPrompt = true): string {
+export function renderChat(messages: TemplateMessage[], tools?: unknown[], addGenerationPrompt = true, preamble?: string): string {
   const last = messages[messages.length - 1];
   const prefill = last !== undefined && last.role === 'assistant';
   let out = '';
   const firstIsSystem = messages[0]?.role === 'system';
+  const head = preamble ?? '';
   if (tools !== undefined && tools.length > 0) {
-    out += '<|im_start|>system\n' + (firstIsSystem ? text(messages[0].content) : 'You are a helpful assistant.');
+    out += '<|im_start|>system\n' + head + (firstIsSystem ? text(messages[0].content) : 'You are a helpful assistant.');
     out += TOOLS_INTRO;
     for (const tool of tools) out += '\n' + toJson(tool);
     out += TOOLS_OUTRO;
-  } else if (firstIsSystem) {
-    out += `<|im_start|>system\n${text(messages[0].content)}<|im_end|>\n`;
+  } else if (firstIsSystem || preamble !== undefined) {
+    out += `<|im_start|>system\n${head}${firstIsSystem ? text(messages[0].content) : ''}<|im_end|>\n`;
   }
   messages.forEach((m, i) => {
     const calls = toolCallsOf(m);

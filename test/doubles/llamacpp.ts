@@ -45,6 +45,11 @@ export interface LlamaCppDoubleOptions {
   ubatch?: number;
   /** Started without `--embeddings`: an embeddings request is a 501 (error-embeddings-not-enabled). Default true. */
   embeddings?: boolean;
+  /**
+   * Not the recorded template's: text written at the head of the system turn, asked anew for each
+   * rendering (a template that prints today's date there, as Llama 3.x's does).
+   */
+  systemPreamble?: () => string;
 }
 
 export interface LlamaCppDouble {
@@ -194,7 +199,7 @@ class DoubleState {
    */
   private render(body: Json): string {
     const tools = Array.isArray(body.tools) && body.tool_choice !== 'none' ? (body.tools as unknown[]) : undefined;
-    return renderChat(body.messages as TemplateMessage[], tools, body.add_generation_prompt !== false);
+    return renderChat(body.messages as TemplateMessage[], tools, body.add_generation_prompt !== false, this.opts.systemPreamble?.());
   }
 
   private tokenizeBody(body: Json): Array<number | { id: number; piece: string | number[] }> {

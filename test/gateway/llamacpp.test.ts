@@ -51,6 +51,36 @@ t.test('turn 1 → turn 2 of the recorded conversation', async (t) => {
   t.equal(observed, 34 - rows[0].upstream_prompt_n! + second.prompt_charge - b2.timings.prompt_n, 'divergence = Σ(charge − prompt_n)');
 });
 
+t.test('a template that prints the date: the next day, the earlier messages are read again, and not credited', async (t) => {
+  let today = '29 Nov 2026';
+  const llama = await startLlamaCppDouble({ systemPreamble: () => `Cutting Knowledge Date: December 2023\nToday Date: ${today}\n\n` });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const headers = { 'content-type': 'application/json', 'x-tollgate-conversation': 'dated' };
+  const post = (body: Json) => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify(body) });
+  const plan = async (request: Json) =>
+    (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })).json()) as { row_tokens: number[]; shared_prefix_tokens: number };
+
+  // The same day: each turn shares the one before.
+  t.equal((await post(fixture('chat-nonstream.request.json'))).status, 200);
+  const turn2 = fixture('chat-second-turn.request.json') as Json & { messages: Json[] };
+  const r2 = await post(turn2);
+  t.ok(Number(r2.headers.get('x-tollgate-shared-prefix-tokens')) > 30, `the same day, turn 1's messages are shared (${r2.headers.get('x-tollgate-shared-prefix-tokens')})`);
+  const reply = ((await r2.json()) as { choices: Array<{ message: Json }> }).choices[0]!.message;
+  const turn3 = { ...turn2, messages: [...turn2.messages, { role: 'assistant', content: reply.content }, { role: 'user', content: 'And of Italy?' }] };
+  const sameDay = await plan(turn3);
+  t.ok(sameDay.shared_prefix_tokens > 60, `and turn 2's (${sameDay.shared_prefix_tokens})`);
+
+  today = '30 Nov 2026';
+  const nextDay = await plan(turn3);
+  t.same(nextDay.row_tokens, sameDay.row_tokens, 'the new date counts the same');
+  t.equal(nextDay.shared_prefix_tokens, 0, 'but renders other tokens before the first message: nothing shared');
+  const r3 = await post(turn3);
+  t.equal(r3.headers.get('x-tollgate-shared-prefix-tokens'), '0');
+  const b3 = (await r3.json()) as { timings: { cache_n: number } };
+  t.ok(b3.timings.cache_n < 16, `the server itself reused only what precedes the date (${b3.timings.cache_n} tokens)`);
+});
+
 t.test('pre-counts equal the recorded prompt_tokens', async (t) => {
   const llama = await startLlamaCppDouble();
   t.teardown(llama.close);

@@ -147,6 +147,7 @@ export function conversationHead(over: Partial<ConversationHead>): ConversationH
     serverId: 'server-a',
     chain: ['h1'],
     prefix: [0, 10],
+    prefixDigests: null,
     lastCostUsd: null,
     lastPromptTokens: 10,
     lastOutputTokens: 5,

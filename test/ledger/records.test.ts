@@ -100,6 +100,15 @@ for (const factory of storeFactories(t)) {
     t.equal((await ledger.getHead('c-s'))?.serverId, null, 'none recorded reads as none, not as a server');
   });
 
+  t.test(`${factory.kind}: a head keeps its token digests, and none reads as none`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const digests = ['AAAAAAAAAAAAAAAA', 'bbbbbbbbbbbbbbbb', 'c-c_c-c_c-c_c-c_'];
+    await ledger.putHead(head({ conversation: 'c-d', chain: ['h1', 'h2'], prefix: [0, 10, 20], prefixDigests: digests }));
+    t.same((await ledger.getHead('c-d'))?.prefixDigests, digests);
+    await ledger.putHead(head({ conversation: 'c-d', chain: ['h1', 'h2', 'h3'], prefix: [0, 10, 20, 30], prefixDigests: null, time: 2000 }));
+    t.equal((await ledger.getHead('c-d'))?.prefixDigests, null, 'the next turn without digests (another counter) has none');
+  });
+
   t.test(`${factory.kind}: export by time range, in time order, across pages`, async (t) => {
     const { ledger } = await factory.create(t);
     const base = Date.UTC(2025, 5, 1);
@@ -315,7 +324,7 @@ const OLD_HEAD = `INSERT INTO heads (conversation, key_id, tenant, model, tool_h
   VALUES ('c-old', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 1000)`;
 
 async function oldHeadReadable(t: Test, ledger: Ledger): Promise<void> {
-  t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], lastPromptTokens: 20 }));
+  t.same(await ledger.getHead('c-old'), head({ conversation: 'c-old', serverId: null, chain: ['h1', 'h2'], prefix: [0, 10, 20], prefixDigests: null, lastPromptTokens: 20 }));
   t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-old', 'and is still found');
 }
 

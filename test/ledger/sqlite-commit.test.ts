@@ -145,14 +145,17 @@ t.test('a head kept in memory is used only while the row still ends on it; anoth
     await a.close();
     await b.close();
   });
+  // A llama.cpp head carries digests of its counts' token ids; others have none.
   const head = (chain: string[], time: number, model = 'gpt-4o') => ({
-    conversation: 'c', keyId: 'key-1', tenant: 'acme', model, toolHash: '', serverId: 'server-a', chain, prefix: chain.map((_, i) => i * 10).concat(chain.length * 10), lastCostUsd: null, lastPromptTokens: 10, lastOutputTokens: 5, time,
+    conversation: 'c', keyId: 'key-1', tenant: 'acme', model, toolHash: '', serverId: 'server-a', chain, prefix: chain.map((_, i) => i * 10).concat(chain.length * 10),
+    prefixDigests: model === 'gpt-4o' ? null : [0, ...chain].map((h) => `digest-${h}-000000`.slice(0, 16)), lastCostUsd: null, lastPromptTokens: 10, lastOutputTokens: 5, time,
   });
   await a.putHead(head(['aaaa', 'bbbb'], 1000));
   t.same(await a.getHead('c'), head(['aaaa', 'bbbb'], 1000), 'its own write');
   // Another process on the same file moves the conversation on.
   await b.putHead(head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'));
-  t.same(await a.getHead('c'), head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'), "the other writer's head, chain and all");
+  t.same(await a.getHead('c'), head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'), "the other writer's head, chain and digests and all");
+  t.same(await a.getHead('c'), head(['aaaa', 'bbbb', 'cccc'], 2000, 'gpt-4o-mini'), 'and again, from the head kept in memory');
   await b.putHead(head(['aaaa', 'dddd'], 2000));
   t.same(await a.getHead('c'), head(['aaaa', 'dddd'], 2000), 'same time, another last hash: read again');
   await b.putHead({ ...head(['aaaa', 'dddd'], 2000), lastCostUsd: 0.25 });

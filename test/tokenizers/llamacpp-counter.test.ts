@@ -38,13 +38,31 @@ t.test('chat count equals the server usage.prompt_tokens, in two calls', async (
   t.same(double.requests.map((r) => r.path), ['/apply-template', '/tokenize']);
   const withTools = await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER], tools: TOOLS });
   t.equal(withTools.tokens, 208, 'as recorded: chat-tools');
-  // The same prompt again is answered from the cache, without HTTP.
+  // The same prompt again is rendered, and its tokens are known: no second /tokenize.
   await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER] });
-  t.equal(double.requests.length, 4);
+  t.same(double.requests.slice(4).map((r) => r.path), ['/apply-template']);
   // And it matches what the server then reports.
   const res = await request(`${double.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ messages: [SYSTEM, USER], max_tokens: 2 }) });
   const usage = ((await res.body.json()) as { usage: { prompt_tokens: number } }).usage;
   t.equal(usage.prompt_tokens, c.tokens);
+});
+
+t.test("each count carries digests of its tokens, and a rendering that changed is counted again", async (t) => {
+  let today = '29 Nov 2026';
+  const { double, counter } = await setup(t, { systemPreamble: () => `Today Date: ${today}\n\n` });
+  const prompt = { model: 'tiny', messages: [SYSTEM, USER] };
+  const before = await counter.countChat(prompt);
+  t.equal(before.prefixDigests?.length, before.prefix.length, 'one digest a boundary');
+  t.same((await counter.countChat(prompt)).prefixDigests, before.prefixDigests, 'the same rendering: the same digests');
+  today = '30 Nov 2026';
+  const after = await counter.countChat(prompt);
+  t.same(after.prefix, before.prefix, 'the new date counts the same');
+  t.not(after.prefixDigests![0], before.prefixDigests![0], 'and its tokens differ from the first boundary on');
+  t.equal(double.requests.filter((r) => r.path === '/tokenize').length, 2, 'tokenized again, not taken from the cache');
+  // Digests cover exactly prefix[k] tokens: a count's digest equals one of the same leading ids.
+  const { tokenDigests } = await import('../../metering/tokenizers/prompt-boundaries.js');
+  t.same(tokenDigests([1, 2, 3], [0, 2, 3]), [tokenDigests([], [0])[0], tokenDigests([1, 2], [2])[0], tokenDigests([1, 2, 3, 4], [3])[0]]);
+  t.not(tokenDigests([1, 2], [2])[0], tokenDigests([2, 1], [2])[0], 'order counts');
 });
 
 t.test('prefix[k] never exceeds the tokens the next turn really shares', async (t) => {
