@@ -61,7 +61,10 @@ export async function relayStream(
   stopped?: AbortSignal,
 ): Promise<StreamOutcome> {
   const choicesExpected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  // Choices that ended: the gateway cut them at the allowance (nothing more of them is passed on),
+  // or the upstream finished them.
   const finished = new Set<number>();
+  const cutChoices = new Set<number>();
   const filter = plan.mode === 'final-answer' ? new StreamToolCallFilter() : null;
   const out: StreamOutcome = {
     usage: null,
@@ -164,7 +167,7 @@ export async function relayStream(
     const oneLine = !event.data.includes('\n');
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
-    const plain = filter === null && (metaTaken || metaParsed) && oneLine && !finished.has(0) ? contentChunk(event.data) : null;
+    const plain = filter === null && (metaTaken || metaParsed) && oneLine && !cutChoices.has(0) ? contentChunk(event.data) : null;
     if (plain !== null) {
       if (meter.add(0, plain.text)) {
         if (!out.visibleText && showsText(plain.text)) out.visibleText = true;
@@ -174,6 +177,7 @@ export async function relayStream(
       }
       // Past the allowance: the choice ends here, as below.
       finished.add(0);
+      cutChoices.add(0);
       out.cut = true;
       write(sseData(cutChunk(0, null)));
       return finished.size < choicesExpected;
@@ -201,7 +205,16 @@ export async function relayStream(
     }
     if (isObject(usage)) out.usage = usage;
     if (isObject(timings)) out.timings = timings;
-    if (!Array.isArray(choices) || choices.length === 0) return true; // usage-only chunk: sent at the end
+    if (!Array.isArray(choices) || choices.length === 0) {
+      // A usage-only chunk is sent at the end. After every choice has finished it is the answer's
+      // last word: what follows (`[DONE]`) is read apart, so an upstream that then holds the
+      // connection open, or drops it, takes nothing from a whole answer.
+      if (isObject(usage) && finished.size >= choicesExpected) {
+        done = true;
+        return false;
+      }
+      return true;
+    }
     // A server that gives its chunks no id: the first chunk with choices stands for the stream
     // (Azure's id-less first chunk has none), and the fast path may start.
     metaParsed = true;
@@ -217,8 +230,10 @@ export async function relayStream(
         continue;
       }
       const index = typeof raw.index === 'number' ? raw.index : 0;
-      // A choice the request did not ask for (an index past n) has no allowance: not passed on.
-      if (finished.has(index) || index < 0 || index >= choicesExpected) {
+      // A choice the request did not ask for (an index past n) has no allowance: not passed on. One
+      // the upstream said was finished and goes on with is passed on and metered all the same
+      // (Gemini behind some proxies says "stop" in every chunk).
+      if (cutChoices.has(index) || index < 0 || index >= choicesExpected) {
         untouched = false;
         continue;
       }
@@ -227,13 +242,14 @@ export async function relayStream(
         // Past the allowance: the choice ends here, with what of this piece still fits.
         kept.push(...(cutChunk(index, raw).choices as Json[]));
         finished.add(index);
+        cutChoices.add(index);
         out.cut = true;
         untouched = false;
         continue;
       }
       if (!visible && showsText(answerText(raw))) visible = true;
       kept.push(raw);
-      if (typeof raw.finish_reason === 'string') {
+      if (isFinishReason(raw.finish_reason)) {
         finished.add(index);
         if (holdFinish) untouched = false;
       }
@@ -250,7 +266,7 @@ export async function relayStream(
       if (next) {
         const nextChoices = Array.isArray(next.choices) ? next.choices : [];
         if (nextChoices.some((c) => isObject(c) && showsText(answerText(c)))) out.visibleText = true;
-        if (holdFinish && nextChoices.some((c) => isObject(c) && typeof c.finish_reason === 'string')) heldFinish.push(next);
+        if (holdFinish && nextChoices.some((c) => isObject(c) && isFinishReason(c.finish_reason))) heldFinish.push(next);
         else write(sseData(next));
       }
     }
@@ -298,7 +314,8 @@ export async function relayStream(
     // lost the upstream.
     if (err instanceof SseEventTooLarge) out.upstreamError = badUpstreamStream(plan.upstream.name, `sent a broken stream: ${err.message}`);
     else if (res.destroyed) out.clientGone = true;
-    else out.upstreamLost = true;
+    // Every choice had finished: a connection lost before `[DONE]` took nothing from the answer.
+    else if (finished.size < choicesExpected || out.cut) out.upstreamLost = true;
   }
   // Whatever stopped the relay before the upstream's end — the allowance, the client, an error in
   // the stream or one while handling it — stops the upstream too: it would generate for no one.
@@ -340,6 +357,15 @@ export async function relayStream(
   }
   out.started = started;
   return out;
+}
+
+/**
+ * A choice's finish: a reason named. Some servers write `""` (SGLang, Ollama in 2024) or `"null"`
+ * (KoboldCpp) in every chunk where OpenAI writes null; taken for a finish, they cut the answer at
+ * its first chunk.
+ */
+function isFinishReason(v: unknown): v is string {
+  return typeof v === 'string' && v !== '' && v !== 'null';
 }
 
 /** How long an upstream may take to end its response after `[DONE]` before it is cut off. */

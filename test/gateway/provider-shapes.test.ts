@@ -13,8 +13,11 @@ import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import type { LedgerRow } from '../../metering/ledger.js';
 
 type Json = Record<string, unknown>;
-/** What the scripted upstream writes for the request it got: its pieces, a few ms apart. */
-type Script = (body: Json) => { stream: boolean; pieces: string[] };
+/**
+ * What the scripted upstream writes for the request it got: its pieces, a few ms apart, then it
+ * ends the response (or resets the connection, or holds it open).
+ */
+type Script = (body: Json) => { stream: boolean; pieces: string[]; then?: 'end' | 'reset' | 'hold' };
 
 const o200k = new TiktokenCounter('o200k_base');
 const ID = { id: 'chatcmpl-abc', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini' };
@@ -30,14 +33,15 @@ async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ g
     req.on('end', async () => {
       const body = JSON.parse(text) as Json;
       sent.push(body);
-      const { stream, pieces } = script(body);
+      const { stream, pieces, then = 'end' } = script(body);
       res.writeHead(200, { 'content-type': stream ? 'text/event-stream' : 'application/json' });
       for (const piece of pieces) {
         if (res.destroyed) return;
         res.write(piece);
         await new Promise((r) => setTimeout(r, 2));
       }
-      res.end();
+      if (then === 'end') res.end();
+      else if (then === 'reset') res.socket?.resetAndDestroy();
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
@@ -193,6 +197,47 @@ t.test('a choice past n has no allowance: not passed on, not charged', async (t)
   t.notMatch(text, /"two"/);
   const [row] = await rows(gw);
   t.equal(row.generated_tokens, 2);
+});
+
+// Where OpenAI writes `"finish_reason": null`, some servers write "" (SGLang, Ollama in 2024) or
+// "null" (KoboldCpp), and Gemini behind some proxies "stop", in every chunk. Regression: the first
+// chunk was taken for the choice's end and the rest of the answer dropped (and not counted).
+for (const reason of ['', 'null', 'stop']) {
+  t.test(`a finish_reason of ${JSON.stringify(reason)} in every chunk does not cut the answer`, async (t) => {
+    const words = Array.from({ length: 30 }, (_, i) => ` word${i}`);
+    const { gw } = await scripted(t, () => ({
+      stream: true,
+      pieces: [...words.map((w) => `data: ${JSON.stringify({ ...ID, choices: [{ index: 0, delta: { content: w }, finish_reason: reason }] })}\n\n`), finish(), DONE],
+    }));
+    const { text } = await post(gw, ask({ stream: true, max_tokens: 200 }));
+    const written = dataEvents(t, text).map((e) => ((e.choices as Json[])[0]?.delta as Json | undefined)?.content ?? '').join('');
+    t.equal(written, words.join(''), 'every word reached the client');
+    const [row] = await rows(gw);
+    t.match(row, { status: 200, generated_tokens: o200k.countOutput(words.join('')), output_method: 'tiktoken:o200k_base' }, 'and every word was counted');
+  });
+}
+
+// Every choice finished and the usage came: what the upstream does before `[DONE]` cannot take the
+// answer away. Regression: a reset there was an `upstream_lost` error event (the SDKs throw on it),
+// and a connection held open kept the client waiting for the upstream's whole timeout.
+for (const then of ['reset', 'hold'] as const) {
+  t.test(`an upstream that finishes, sends its usage, then ${then === 'reset' ? 'resets the connection' : 'holds it open'} without [DONE]: a whole answer`, async (t) => {
+    const usage = `data: ${JSON.stringify({ ...ID, choices: [], usage: { prompt_tokens: 9, completion_tokens: 2, total_tokens: 11 } })}\n\n`;
+    const { gw } = await scripted(t, () => ({ stream: true, pieces: [chunk({ content: 'Hello' }), chunk({ content: ' there' }), finish(), usage], then }));
+    const { text } = await post(gw, ask({ stream: true }));
+    t.notMatch(text, /"error"/, 'no error event');
+    t.match(text, /data: \[DONE\]\n\n$/, 'the stream ends as a whole one does');
+    const [row] = await rows(gw);
+    t.match(row, { status: 200, generated_tokens: 2, output_method: 'provider' });
+  });
+}
+
+t.test('an upstream that finishes without usage, then resets the connection: a whole answer', async (t) => {
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [chunk({ content: 'Hello' }), finish()], then: 'reset' }));
+  const { text } = await post(gw, ask({ stream: true }));
+  t.notMatch(text, /"error"/);
+  const [row] = await rows(gw);
+  t.match(row, { status: 200, generated_tokens: 1 });
 });
 
 for (const [name, after] of [
