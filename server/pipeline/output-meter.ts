@@ -8,9 +8,20 @@
 // is at least one byte), so while a choice's bytes stay within its allowance nothing needs counting
 // per chunk; its text is counted once, exactly, when it nears the allowance or when the stream ends.
 // That keeps a tokenizer call off every one of a long stream's chunks (bench/RESULTS.md).
+//
+// Without a tokenizer (a model no tokenizer here knows, on an OpenAI-compatible server) the text is
+// counted by the labelled byte estimate, four bytes a token, which is no bound: a model writing
+// long words or code writes more bytes a token, and the estimate passes the allowance before the
+// model does. A cut there truncated honest answers. So a choice is cut only once its bytes pass
+// eight a token of the allowance — as sure a sign as bytes give that the upstream ignored
+// `max_tokens` — and the estimate, which is what is recorded when the upstream reports no usage,
+// is capped at the allowance (ADR 0004).
 
 import type { TokenCounter } from '../../metering/types.js';
 import { utf8Prefix } from '../../metering/utf8-prefix.js';
+
+/** Bytes a token at most, for cutting a stream counted without a tokenizer. */
+export const CUT_BYTES_PER_TOKEN = 8;
 
 export type OutputCounting = 'tokenizer' | 'chunk' | 'bytes';
 
@@ -98,12 +109,12 @@ export class OutputMeter {
         // llama.cpp streams one generated token per chunk.
         return this.admit(c, c.estimated + 1, () => (c.estimated += 1));
       case 'bytes': {
-        const after = Math.ceil((c.bytes + bytes) / 4);
-        const ok = this.admit(c, after, () => {
-          c.bytes += bytes;
-          c.estimated = after;
+        const after = c.bytes + bytes;
+        const ok = this.admit(c, Math.ceil(after / CUT_BYTES_PER_TOKEN), () => {
+          c.bytes = after;
+          c.estimated = Math.min(this.perChoice, Math.ceil(after / 4));
         });
-        if (!ok) this.cutText = utf8Prefix(text, this.perChoice * 4 - c.bytes);
+        if (!ok) this.cutText = utf8Prefix(text, this.perChoice * CUT_BYTES_PER_TOKEN - c.bytes);
         return ok;
       }
       case 'tokenizer': {

@@ -34,10 +34,24 @@ t.test('choices are metered apart; llama.cpp counts a token per chunk; the estim
   const llama = new OutputMeter('chunk', counter, 2);
   t.same([llama.add(0, 'ab'), llama.add(0, 'cd'), llama.add(0, 'ef')], [true, true, false]);
   t.equal(llama.method, 'llamacpp');
+  // Without a tokenizer: four bytes a token is the estimate recorded, eight a token the cut.
   const bytes = new OutputMeter('bytes', counter, 2);
-  t.same([bytes.add(0, 'abcd'), bytes.add(0, 'efgh'), bytes.add(0, 'i')], [true, true, false]);
+  t.same([bytes.add(0, 'abcd'), bytes.add(0, 'efgh'), bytes.add(0, 'ijklmnop'), bytes.add(0, 'q')], [true, true, true, false]);
   t.equal(bytes.total(), 2);
   t.equal(bytes.method, 'estimate:bytes');
+});
+
+// Regression: a model no tokenizer here knows, writing long words, was cut at 19 of its 30 words
+// of a 100-token allowance (the estimate passed the allowance first) and charged it all.
+t.test('a stream counted by bytes is not cut while its words are long; the estimate stays within the allowance', async (t) => {
+  const meter = new OutputMeter('bytes', counter, 100);
+  let passed = 0;
+  for (let i = 0; i < 60; i++) if (meter.add(0, ' internationalization')) passed++; // 21 bytes, ~3 tokens
+  t.equal(passed, 38, 'cut only past 800 bytes: 38 pieces of 21');
+  t.equal(meter.total(), 100);
+  const honest = new OutputMeter('bytes', counter, 100);
+  for (let i = 0; i < 30; i++) t.ok(honest.add(0, ' internationalization'), `piece ${i}`);
+  t.equal(honest.total(), 100, '630 bytes: an estimate of 158, capped at the allowance');
 });
 
 t.test('a piece that crosses the allowance leaves the start that fits in cutText (whole characters)', async (t) => {
@@ -46,9 +60,9 @@ t.test('a piece that crosses the allowance leaves the start that fits in cutText
   t.notOk(meter.add(0, ' three four five'), 'five tokens against four');
   t.equal(meter.cutText, ' three four', 'the two tokens that still fit');
   t.equal(meter.total(), 4, 'the choice counts its whole allowance');
-  // By bytes (no tokenizer): 4 tokens are 16 bytes; a multi-byte character is never split.
+  // By bytes (no tokenizer): 4 tokens are cut past 32 bytes; a multi-byte character is never split.
   const bytes = new OutputMeter('bytes', counter, 4);
-  t.ok(bytes.add(0, 'abcdefghij'));
+  t.ok(bytes.add(0, 'abcdefghijklmnopqrstuvwxyz'));
   t.notOk(bytes.add(0, 'éééé'));
   t.equal(bytes.cutText, 'ééé', '6 bytes were left: three two-byte characters');
   // A long piece is not re-encoded on the event loop: dropped whole, as before.
