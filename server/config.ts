@@ -28,6 +28,11 @@ export interface UpstreamConfig {
   tools: boolean;
   timeoutMs: number;
   connections: number;
+  /**
+   * The field that carries the allowance to an `openai`-kind upstream, whatever the client named;
+   * null: the client's field, else one chosen by the server (server/pipeline/forward.ts).
+   */
+  allowanceField: 'max_tokens' | 'max_completion_tokens' | null;
 }
 
 export interface RunBoundsConfig {
@@ -138,7 +143,16 @@ function readUpstream(r: Reader, names: Set<string>): UpstreamConfig {
     tools: r.bool('tools', true)!,
     timeoutMs: r.int('timeoutMs', 600_000, 1, 3_600_000)!,
     connections: r.int('connections', 128, 1, 4096)!,
+    allowanceField: readAllowanceField(r, kind!),
   };
+}
+
+function readAllowanceField(r: Reader, kind: UpstreamKind): UpstreamConfig['allowanceField'] {
+  if (!r.has('allowanceField')) return null;
+  const field = r.oneOf('allowanceField', ['max_tokens', 'max_completion_tokens'] as const, undefined)!;
+  // llama.cpp reads max_tokens (or n_predict) and nothing else.
+  if (kind === 'llamacpp' && field === 'max_completion_tokens') r.fail('allowanceField', 'a llama.cpp server reads only max_tokens');
+  return field;
 }
 
 function readStore(r: Reader): StoreConfig {

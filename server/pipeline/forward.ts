@@ -19,18 +19,35 @@ export function upstreamPath(plan: Plan): string {
   return `${upstream.basePath}${endpoint.replace(/^\/v1/, '')}`;
 }
 
+/**
+ * OpenAI's own API (and Azure's): its reasoning models refuse `max_tokens` in chat and take
+ * `max_completion_tokens`, which every chat model there reads.
+ */
+function isOpenAiItself(origin: string): boolean {
+  const host = origin.slice(origin.indexOf('//') + 2).replace(/:\d+$/, '').toLowerCase();
+  return host === 'api.openai.com' || host.endsWith('.openai.azure.com');
+}
+
+/**
+ * The field the allowance travels in. llama.cpp reads `n_predict`, else `max_tokens`; it has no
+ * `max_completion_tokens`, so a client's `max_completion_tokens` reaches it as `max_tokens` (the
+ * recorded props list only those two). An upstream configured with `allowanceField` gets that one.
+ * Otherwise the client's own field; for a chat request that named none, `max_completion_tokens`
+ * at OpenAI itself and `max_tokens` elsewhere: many OpenAI-compatible servers do not know the
+ * newer name — Mistral refuses the request (422), Ollama ignores it and generates on.
+ */
+export function allowanceFieldOf(plan: Pick<Plan, 'upstream' | 'valid'>): 'max_tokens' | 'max_completion_tokens' {
+  const { config, origin } = plan.upstream;
+  if (config.kind === 'llamacpp') return 'max_tokens';
+  if (config.allowanceField !== null) return config.allowanceField;
+  if (plan.valid.maxTokensField) return plan.valid.maxTokensField;
+  return plan.valid.kind === 'chat' && isOpenAiItself(origin) ? 'max_completion_tokens' : 'max_tokens';
+}
+
 export function upstreamBody(plan: Plan): Record<string, unknown> {
   const body: Record<string, unknown> = { ...plan.forwardBody };
-  const { kind } = plan.valid;
-  if (kind !== 'embeddings') {
-    // llama.cpp reads `n_predict`, else `max_tokens`; it has no `max_completion_tokens`, so a
-    // client's `max_completion_tokens` reaches it as `max_tokens` (the recorded props list only
-    // those two). Other upstreams get the field the client used (OpenAI's reasoning models refuse
-    // `max_tokens`), or `max_completion_tokens` for chat when it named none.
-    const field =
-      plan.upstream.config.kind === 'llamacpp'
-        ? 'max_tokens'
-        : (plan.valid.maxTokensField ?? (kind === 'chat' ? 'max_completion_tokens' : 'max_tokens'));
+  if (plan.valid.kind !== 'embeddings') {
+    const field = allowanceFieldOf(plan);
     delete body.n_predict;
     delete body.max_tokens;
     delete body.max_completion_tokens;

@@ -35,6 +35,8 @@ t.test('errors name the bad field', async (t) => {
   t.match(configError({ auth: { keys: [{ key: 'tg-ok', tenant: 'a' }, { key: 'sk-bad', tenant: 'b' }] } }), /^auth\.keys\[1\]\.key: must start with "tg-"/);
   t.match(configError({ upstreams: [upstream({ kind: 'vllm' })] }), /^upstreams\[0\]\.kind: must be one of "openai", "llamacpp"/);
   t.match(configError({ upstreams: [upstream(), upstream()] }), /^upstreams\[1\]\.name: duplicate upstream name "a"/);
+  t.match(configError({ upstreams: [upstream({ allowanceField: 'max_new_tokens' })] }), /^upstreams\[0\]\.allowanceField: must be one of "max_tokens", "max_completion_tokens"/);
+  t.match(configError({ upstreams: [upstream({ kind: 'llamacpp', allowanceField: 'max_completion_tokens' })] }), /^upstreams\[0\]\.allowanceField: a llama.cpp server reads only max_tokens/);
   t.match(configError({ upstreams: [] }), /^upstreams: must list at least one upstream/);
   t.match(configError({ upstreams: [{ kind: 'openai', baseUrl: 'http://x' }] }), /^upstreams\[0\]\.name: is required/);
   // What requests would silently drop is no base URL (they go to its origin and path).

@@ -53,6 +53,31 @@ t.test('chat, streamed, through the openai SDK', async (t) => {
   t.equal(seen.body?.max_completion_tokens, 10);
 });
 
+// Regression: a chat request that named no allowance reached every OpenAI-compatible server with
+// max_completion_tokens, which Mistral refuses (422) and Ollama ignores (generating on).
+t.test('the allowance travels in the field the upstream reads', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(upstream.url, { models: ['gpt-4o'] }), openaiUpstream(upstream.url, { name: 'ollama', models: ['gpt-4o-mini'], allowanceField: 'max_tokens' })],
+  });
+  const send = async (body: Record<string, unknown>) => {
+    await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'Hi' }], ...body }) });
+    const sent = upstream.requests.at(-1)!.body!;
+    return { max_tokens: sent.max_tokens, max_completion_tokens: sent.max_completion_tokens };
+  };
+  t.same(await send({ model: 'gpt-4o' }), { max_tokens: 4096, max_completion_tokens: undefined }, 'named none: max_tokens, away from OpenAI itself');
+  t.same(await send({ model: 'gpt-4o', max_completion_tokens: 9 }), { max_tokens: undefined, max_completion_tokens: 9 }, "else the client's own field");
+  t.same(await send({ model: 'gpt-4o-mini', max_completion_tokens: 9 }), { max_tokens: 9, max_completion_tokens: undefined }, 'or the one the upstream is configured to read');
+  const { allowanceFieldOf } = await import('../../server/pipeline/forward.js');
+  const at = (origin: string, kind: 'chat' | 'completions' = 'chat') =>
+    allowanceFieldOf({ upstream: { origin, config: { kind: 'openai', allowanceField: null } }, valid: { kind, maxTokensField: null } } as never);
+  t.equal(at('https://api.openai.com'), 'max_completion_tokens', "OpenAI's reasoning models refuse max_tokens");
+  t.equal(at('https://my-east.openai.azure.com'), 'max_completion_tokens');
+  t.equal(at('https://api.openai.com', 'completions'), 'max_tokens', 'completions have only max_tokens');
+  t.equal(at('https://api.mistral.ai'), 'max_tokens');
+});
+
 t.test('unknown model is a 404 model_not_found and reaches no upstream', async (t) => {
   const upstream = await startOpenAiDouble();
   t.teardown(upstream.close);
