@@ -7,6 +7,7 @@ import type { Dispatcher } from 'undici';
 import { GatewayError } from '../errors.js';
 import type { Plan } from './plan.js';
 import { ENDPOINT_PATHS } from './endpoints.js';
+import { upstreamErrorIn } from './upstream-error-body.js';
 
 export function upstreamPath(plan: Plan): string {
   const { upstream } = plan;
@@ -104,32 +105,37 @@ export async function forward(plan: Plan, signal: AbortSignal): Promise<Dispatch
   }
 }
 
-/** An upstream error body in the OpenAI envelope; llama.cpp's numeric `code` is normalised. */
-export function normaliseUpstreamError(status: number, text: string): Record<string, unknown> {
+/**
+ * An upstream error body in the OpenAI envelope, from whatever shape the server wrote
+ * (upstream-error-body.ts); llama.cpp's numeric `code` is normalised. A body that is no error
+ * object at all (HTML, plain text) becomes an `upstream_error` naming the upstream, its text the
+ * message.
+ */
+export function normaliseUpstreamError(status: number, text: string, upstream: string): Record<string, unknown> {
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
   } catch {
     parsed = null;
   }
-  const err = (parsed as { error?: unknown } | null)?.error;
-  if (err && typeof err === 'object' && !Array.isArray(err)) {
-    const e = { ...(err as Record<string, unknown>) };
-    const type = typeof e.type === 'string' ? e.type : 'upstream_error';
+  const e = upstreamErrorIn(parsed);
+  if (e !== null && (e.message !== '' || e.type !== undefined)) {
+    const message = e.message !== '' ? e.message : `upstream answered ${status}`;
+    // An error that names no type (`{"error": "text"}`) is said as the gateway says those it met.
+    if (typeof e.type !== 'string') return { error: { ...e, message, type: 'upstream_error', param: null, code: 'upstream_error', upstream } };
     return {
       error: {
         ...e,
-        message: typeof e.message === 'string' ? e.message : `upstream answered ${status}`,
-        type,
+        message,
         param: typeof e.param === 'string' ? e.param : null,
-        // llama.cpp sends the HTTP status as a number here; its `type` is the useful code. A
-        // provider's own `null` (OpenAI's usual) stays null: passed through, not rewritten.
-        code: typeof e.code === 'string' || e.code === null ? e.code : type,
+        // llama.cpp and vLLM send the HTTP status as a number here; their `type` is the useful
+        // code. A provider's own `null` (OpenAI's usual), or none, stays null: not invented.
+        code: typeof e.code === 'string' || e.code === null || e.code === undefined ? (e.code ?? null) : e.type,
       },
     };
   }
-  const message = typeof err === 'string' ? err : text.slice(0, 2000) || `upstream answered ${status}`;
-  return { error: { message, type: 'upstream_error', param: null, code: 'upstream_error' } };
+  const message = text.slice(0, 2000) || `upstream answered ${status}`;
+  return { error: { message, type: 'upstream_error', param: null, code: 'upstream_error', upstream } };
 }
 
 /**

@@ -6,6 +6,7 @@ import type { Dispatcher } from 'undici';
 import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
 import { quotingUpstream } from '../errors.js';
 import { badUpstreamResponse } from './forward.js';
+import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 import { writtenText } from './output-meter.js';
 
@@ -61,9 +62,11 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
     throw badUpstreamResponse(plan.upstream.name, 'sent a response that is not JSON');
   }
   if (!isObject(parsed)) throw badUpstreamResponse(plan.upstream.name, 'sent a response that is not a JSON object');
-  // A provider that reports a failure in a 200 (an error object and no answer) failed all the same.
-  if (isObject(parsed.error) && !Array.isArray(parsed.choices) && !Array.isArray(parsed.data)) {
-    const message = typeof parsed.error.message === 'string' ? parsed.error.message : JSON.stringify(parsed.error);
+  // A provider that reports a failure in a 200 (an error and no answer, in any of the shapes servers
+  // write: upstream-error-body.ts) failed all the same.
+  const error = upstreamErrorIn(parsed);
+  if (error !== null) {
+    const message = error.message !== '' ? error.message : JSON.stringify(error);
     throw quotingUpstream(
       badUpstreamResponse(plan.upstream.name, `answered 200 with an error: ${message}`),
       `upstream "${plan.upstream.name}" answered 200 with an error (its message is not logged: it may repeat the prompt)`,

@@ -14,6 +14,7 @@ import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
 import { badUpstreamStream } from './forward.js';
+import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -190,9 +191,11 @@ export async function relayStream(
       return true;
     }
     if (!isObject(chunk)) return true;
-    // A provider that fails part way says so in the stream (OpenRouter, OpenAI): the stream ends.
-    if (isObject(chunk.error)) {
-      out.upstreamError = chunk.error;
+    // A provider that fails part way says so in the stream (OpenRouter, OpenAI; vLLM and TGI in
+    // their own shapes): the stream ends.
+    const error = upstreamErrorIn(chunk);
+    if (error !== null) {
+      out.upstreamError = isObject(chunk.error) ? chunk.error : { type: 'upstream_error', param: null, code: null, ...error };
       return false;
     }
     const { usage, timings, choices } = chunk;

@@ -244,7 +244,7 @@ async function relayAdmitted(
     finishLog(res.statusCode);
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).
-    const body = normaliseUpstreamError(res.statusCode, text);
+    const body = normaliseUpstreamError(res.statusCode, text, plan.upstream.name);
     const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
     reply
       .code(res.statusCode)

@@ -17,7 +17,7 @@ type Json = Record<string, unknown>;
  * What the scripted upstream writes for the request it got: its pieces, a few ms apart, then it
  * ends the response (or resets the connection, or holds it open).
  */
-type Script = (body: Json) => { stream: boolean; pieces: string[]; then?: 'end' | 'reset' | 'hold' };
+type Script = (body: Json) => { stream: boolean; pieces: string[]; then?: 'end' | 'reset' | 'hold'; status?: number; type?: string };
 
 const o200k = new TiktokenCounter('o200k_base');
 const ID = { id: 'chatcmpl-abc', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini' };
@@ -33,8 +33,8 @@ async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ g
     req.on('end', async () => {
       const body = JSON.parse(text) as Json;
       sent.push(body);
-      const { stream, pieces, then = 'end' } = script(body);
-      res.writeHead(200, { 'content-type': stream ? 'text/event-stream' : 'application/json' });
+      const { stream, pieces, then = 'end', status = 200, type } = script(body);
+      res.writeHead(status, { 'content-type': type ?? (stream ? 'text/event-stream' : 'application/json') });
       for (const piece of pieces) {
         if (res.destroyed) return;
         res.write(piece);
@@ -239,6 +239,53 @@ t.test('an upstream that finishes without usage, then resets the connection: a w
   const [row] = await rows(gw);
   t.match(row, { status: 200, generated_tokens: 1 });
 });
+
+// Servers that do not write OpenAI's error envelope: vLLM and Mistral put its fields at the top
+// level (`"object": "error"`; Mistral's message can be an object), LM Studio and TGI write
+// `{"error": "text"}`. Regression: their errors reached the client as one quoted JSON string, and
+// in a 200 they passed for answers and were charged.
+const VLLM_ERROR = { object: 'error', message: "This model's maximum context length is 4096 tokens.", type: 'BadRequestError', param: null, code: 400 };
+t.test('an error at the top level of the body (vLLM) reaches the client in the OpenAI envelope', async (t) => {
+  const { gw } = await scripted(t, () => ({ stream: false, status: 400, pieces: [JSON.stringify(VLLM_ERROR)] }));
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask()) });
+  t.equal(res.status, 400);
+  t.same(await res.json(), { error: { message: VLLM_ERROR.message, type: 'BadRequestError', param: null, code: 'BadRequestError' } });
+  const mistral = { object: 'error', message: { detail: [{ type: 'extra_forbidden', loc: ['body', 'foo'] }] }, type: 'invalid_request_error', param: null, code: null };
+  const { gw: gw2 } = await scripted(t, () => ({ stream: false, status: 422, pieces: [JSON.stringify(mistral)] }));
+  const res2 = await fetch(`${gw2.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask()) });
+  t.same(await res2.json(), { error: { message: JSON.stringify(mistral.message), type: 'invalid_request_error', param: null, code: null } }, "Mistral's details, as text");
+  const { gw: gw3 } = await scripted(t, () => ({ stream: false, status: 502, type: 'text/html', pieces: ['<html>Bad Gateway</html>'] }));
+  const res3 = await fetch(`${gw3.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask()) });
+  t.match(await res3.json(), { error: { message: '<html>Bad Gateway</html>', type: 'upstream_error', code: 'upstream_error', upstream: 'openai' } }, 'a page, named with its upstream');
+});
+
+for (const [name, body] of [
+  ['{"error": "text"} (LM Studio)', { error: 'Unexpected endpoint or method. (POST /chat/completions)' }],
+  ['a top-level error object (vLLM)', { ...VLLM_ERROR, message: 'engine dead' }],
+] as const) {
+  t.test(`a 200 whose body is ${name} is a failure, refunded whole`, async (t) => {
+    const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(body)] }));
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask()) });
+    t.equal(res.status, 502);
+    t.match(await res.json(), { error: { code: 'upstream_bad_response' } });
+    const [row] = await rows(gw);
+    t.match(row, { status: 502, charge_tokens: 0 });
+  });
+}
+
+for (const [name, event] of [
+  ['a top-level error object (vLLM)', { ...VLLM_ERROR, message: 'engine dead' }],
+  ['{"error": "text"} (TGI)', { error: 'Request failed during generation: out of memory', error_type: 'generation' }],
+] as const) {
+  t.test(`a stream that breaks off with ${name} ends in an error event, charged what was generated`, async (t) => {
+    const { gw } = await scripted(t, () => ({ stream: true, pieces: [chunk({ content: 'Hello' }), chunk({ content: ' there' }), `data: ${JSON.stringify(event)}\n\n`, DONE] }));
+    const { text } = await post(gw, ask({ stream: true }));
+    const last = dataEvents(t, text).at(-1)!;
+    t.match(last, { error: { message: 'message' in event ? event.message : event.error } }, 'the client is told, in the envelope');
+    const [row] = await rows(gw);
+    t.match(row, { status: 502, generated_tokens: 2 });
+  });
+}
 
 for (const [name, after] of [
   ['then proposes a tool', [chunk({ tool_calls: [{ index: 0, id: 'c2', type: 'function', function: { name: 'search', arguments: '{}' } }] }), finish('tool_calls')]],

@@ -1,0 +1,35 @@
+// Where an OpenAI-compatible server puts its error. OpenAI writes `{"error": {message, type, param,
+// code}}`; others do not all follow it: vLLM and Mistral write that object at the top level with
+// `"object": "error"` (Mistral's `message` can itself be an object), LM Studio and TGI write
+// `{"error": "text"}`, FastAPI-based servers `{"detail": …}`. A body of any of these shapes is an
+// error, whatever status came with it.
+
+type Json = Record<string, unknown>;
+
+function isObject(v: unknown): v is Json {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/**
+ * The error object an upstream's body carries, as `{message, …its other fields}` with `message` a
+ * string; null when the body is no error (or not an object). Only the shapes above are read: a body
+ * with choices or data is an answer, whatever else it has.
+ */
+export function upstreamErrorIn(body: unknown): Json | null {
+  if (!isObject(body) || Array.isArray(body.choices) || Array.isArray(body.data)) return null;
+  const { error } = body;
+  if (isObject(error)) return { ...error, message: messageText(error.message) };
+  if (typeof error === 'string') return { message: error };
+  if (body.object === 'error') {
+    const { object: _o, ...rest } = body;
+    return { ...rest, message: messageText(rest.message) };
+  }
+  if (body.detail !== undefined && Object.keys(body).length === 1) return { message: messageText(body.detail) };
+  return null;
+}
+
+/** A message as text: a string as it is, anything else as its JSON (Mistral's validation details). */
+function messageText(v: unknown): string {
+  if (typeof v === 'string') return v;
+  return v === undefined || v === null ? '' : JSON.stringify(v);
+}
