@@ -41,7 +41,8 @@ function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
   return {
     promptTokens: tokenFigure(usage?.prompt_tokens),
     completionTokens: tokenFigure(usage?.completion_tokens),
-    cachedTokens: tokenFigure(details?.cached_tokens),
+    // DeepSeek reports its cache hits under a name of its own.
+    cachedTokens: tokenFigure(details?.cached_tokens) ?? tokenFigure(usage?.prompt_cache_hit_tokens),
     promptN: tokenFigure(timings?.prompt_n),
     cacheN: tokenFigure(timings?.cache_n),
   };
@@ -101,7 +102,12 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
 
 export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
   const f = figures(o.usage, o.timings);
-  const trusted = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
+  // What the gateway itself counted exactly with the model's tokenizer as it relayed (a stream) is
+  // a floor: the tokens the client visibly got. A provider that reports fewer (0, or a figure sent
+  // early in the stream and never brought up to date) is not taken at its word.
+  const ownExact = o.countedMethod.startsWith('tiktoken:') ? o.countedOutput : 0;
+  const provided = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
+  const trusted = provided !== null && provided >= ownExact ? provided : null;
   const rawGenerated = o.refundAll ? 0 : (trusted ?? o.countedOutput);
   const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included

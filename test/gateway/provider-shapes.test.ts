@@ -287,6 +287,24 @@ for (const [name, event] of [
   });
 }
 
+// Regression: a provider's usage was taken over the gateway's own exact count of what it relayed,
+// even when it said 0 (a figure sent early in the stream and never brought up to date).
+t.test('a provider that reports fewer output tokens than visibly streamed is not taken at its word', async (t) => {
+  const early = `data: ${JSON.stringify({ ...ID, choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }], usage: { prompt_tokens: 9, completion_tokens: 0, total_tokens: 9 } })}\n\n`;
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [early, ...Array.from({ length: 10 }, () => chunk({ content: ' word' })), finish(), DONE] }));
+  await post(gw, ask({ stream: true }));
+  const [row] = await rows(gw);
+  t.match(row, { generated_tokens: 10, output_method: 'tiktoken:o200k_base' });
+});
+
+t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", async (t) => {
+  const answer = { ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1000, completion_tokens: 1, total_tokens: 1001, prompt_cache_hit_tokens: 900, prompt_cache_miss_tokens: 100 } };
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
+  await post(gw, ask());
+  const [row] = await rows(gw);
+  t.match(row, { upstream_prompt_tokens: 1000, upstream_cached_tokens: 900 });
+});
+
 for (const [name, after] of [
   ['then proposes a tool', [chunk({ tool_calls: [{ index: 0, id: 'c2', type: 'function', function: { name: 'search', arguments: '{}' } }] }), finish('tool_calls')]],
   ['then writes nothing', [chunk({ content: '' }), finish()]],
