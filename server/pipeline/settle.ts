@@ -135,6 +135,17 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
         providerCostUsd: providerCost,
       });
 
+  // The turn cost more than admission reserved for it: the provider billed past the worst case (an
+  // upstream that ignored max_tokens, a provider's own cost above list price, a prompt it counted
+  // larger). The cost is recorded as billed — it was spent — and said, with its figures: a money
+  // limit can be passed by it, and an operator must be able to find out why.
+  if (plan.worstCaseUsd !== null && cost.costUsd !== null && cost.costUsd > plan.worstCaseUsd + 1e-9) {
+    gw.log.warn(
+      { id: plan.id, upstream: plan.upstream.name, model: plan.model, reserved_usd: plan.worstCaseUsd, cost_usd: cost.costUsd, provider_cost_usd: providerCost, generated: rawGenerated, allowance: plan.allowance },
+      'turn cost more than its reservation',
+    );
+  }
+
   const settlement: Settlement = {
     status: o.status,
     generatedTokens: tokens.generated,

@@ -20,8 +20,8 @@ const PROMPT = 'purple-elephant-sonata-7731 tell me about it';
 
 type Line = Record<string, unknown>;
 
-async function loggedGateway(t: Test, level: string, logging: Record<string, unknown> = {}) {
-  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+async function loggedGateway(t: Test, level: string, logging: Record<string, unknown> = {}, double: Parameters<typeof startOpenAiDouble>[0] = { completionTokens: 3 }) {
+  const upstream = await startOpenAiDouble(double);
   t.teardown(upstream.close);
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-log-'));
   let output = '';
@@ -36,6 +36,7 @@ async function loggedGateway(t: Test, level: string, logging: Record<string, unk
       store: { kind: 'sqlite', path: join(dir, 'ledger.db') },
       upstreams: [
         openaiUpstream(upstream.url, { billing: 'local' }),
+        openaiUpstream(upstream.url, { name: 'metered', models: ['gpt-4.1'] }),
         { name: 'down', kind: 'openai', baseUrl: 'http://127.0.0.1:9/v1', models: ['down-*'], billing: 'local' },
         { name: 'llama-down', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['llama-*'], billing: 'local', contextWindow: 4096 },
       ],
@@ -279,4 +280,22 @@ t.test('a model name past 256 characters is a 400 naming it, and is neither logg
     body: JSON.stringify({ model: longest, messages: [{ role: 'user', content: 'hi' }] }),
   });
   t.equal(ok.status, 200, 'a name of 256 characters is a name');
+});
+
+t.test('a turn that cost more than its reservation is logged with both figures', async (t) => {
+  // The upstream ignores max_tokens: 40 tokens written against an allowance of 4.
+  const gw = await loggedGateway(t, 'info', {}, { completionTokens: 40, ignoreMaxTokens: true });
+  const ask = (max_tokens: number) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: 'gpt-4.1', max_tokens, messages: [{ role: 'user', content: 'Talk on.' }] }),
+    });
+  const cost = Number((await ask(4)).headers.get('x-tollgate-cost-usd'));
+  const [line, ...more] = gw.lines().filter((l) => l.msg === 'turn cost more than its reservation');
+  t.equal(more.length, 0, 'once');
+  t.match(line, { level: 40, upstream: 'metered', model: 'gpt-4.1', cost_usd: cost, generated: 40, allowance: 4 });
+  t.ok((line!.reserved_usd as number) < cost, `reserved ${line!.reserved_usd}, cost ${cost}`);
+  await ask(100);
+  t.equal(gw.lines().filter((l) => l.msg === 'turn cost more than its reservation').length, 1, 'not when the turn stayed within it');
 });
