@@ -5,13 +5,16 @@
 
 import type { IncomingHttpHeaders } from 'node:http';
 
-const PASSED = new Set(['x-request-id', 'retry-after', 'retry-after-ms', 'x-should-retry', 'openai-processing-ms']);
+const PASSED = new Set(['x-request-id', 'retry-after', 'retry-after-ms', 'x-should-retry', 'openai-processing-ms', 'ratelimit', 'ratelimit-policy']);
+
+/** Rate-limit state by prefix: OpenAI's, Anthropic's (its OpenAI-compatible API), the IETF draft's. */
+const PASSED_PREFIXES = ['x-ratelimit-', 'anthropic-ratelimit-', 'ratelimit-'];
 
 export function upstreamHeaders(headers: IncomingHttpHeaders): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue;
-    if (PASSED.has(name) || name.startsWith('x-ratelimit-')) out[name] = Array.isArray(value) ? value.join(', ') : value;
+    if (PASSED.has(name) || PASSED_PREFIXES.some((p) => name.startsWith(p))) out[name] = Array.isArray(value) ? value.join(', ') : value;
   }
   return out;
 }

@@ -73,7 +73,14 @@ t.test("an upstream 429 stays retryable: its retry advice and rate-limit headers
     failWith: {
       status: 429,
       body: { error: { message: 'Rate limit reached for requests', type: 'requests', param: null, code: 'rate_limit_exceeded' } },
-      headers: { 'retry-after-ms': '20', 'x-ratelimit-remaining-requests': '0', 'x-request-id': 'req_upstream_429' },
+      headers: {
+        'retry-after-ms': '20',
+        'x-ratelimit-remaining-requests': '0',
+        'x-request-id': 'req_upstream_429',
+        'anthropic-ratelimit-requests-remaining': '0',
+        'ratelimit-policy': '"default";q=100;w=60',
+        ratelimit: '"default";r=0;t=20',
+      },
     },
   });
   t.teardown(upstream.close);
@@ -83,6 +90,9 @@ t.test("an upstream 429 stays retryable: its retry advice and rate-limit headers
   t.equal(res.headers.get('x-should-retry'), null, 'not marked final: the provider asked for a retry later');
   t.equal(res.headers.get('retry-after-ms'), '20');
   t.equal(res.headers.get('x-ratelimit-remaining-requests'), '0');
+  t.equal(res.headers.get('anthropic-ratelimit-requests-remaining'), '0', "Anthropic's rate-limit state too");
+  t.equal(res.headers.get('ratelimit'), '"default";r=0;t=20', "and the IETF draft's");
+  t.equal(res.headers.get('ratelimit-policy'), '"default";q=100;w=60');
   t.equal(res.headers.get('x-request-id'), 'req_upstream_429');
   // The SDK retries it as it would against the provider: 1 + maxRetries attempts.
   const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 2 });
