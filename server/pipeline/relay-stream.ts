@@ -224,8 +224,9 @@ export async function relayStream(
 
     const kept: Json[] = [];
     // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
-    // as it came only to a client that asked too.
-    let untouched = oneLine && !filter && (usage === undefined || (usage === null && plan.valid.includeUsage)) && timings === undefined;
+    // as it came only to a client that asked too. So are the figures a server writes in every chunk
+    // for a client that asked for them (vLLM's `continuous_usage_stats`).
+    let untouched = oneLine && !filter && (usage === undefined || ((usage === null || isObject(usage)) && plan.valid.includeUsage)) && timings === undefined;
     let visible = false;
     for (const raw of choices) {
       if (!isObject(raw)) {
@@ -264,6 +265,7 @@ export async function relayStream(
     } else if (kept.length > 0) {
       const { usage: _u, timings: _t, choices: _c, ...meta } = chunk;
       let next: Json | null = { ...meta, choices: kept };
+      if (isObject(usage) && plan.valid.includeUsage) next.usage = usage;
       if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
       if (filter) next = filter.push(next);
       if (next) {

@@ -305,6 +305,22 @@ t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", 
   t.match(row, { upstream_prompt_tokens: 1000, upstream_cached_tokens: 900 });
 });
 
+// Regression: the usage vLLM writes in every chunk for a client that asked for it
+// (`stream_options.continuous_usage_stats`) was taken out of every chunk but the last.
+t.test('usage in every chunk reaches a client that asked for usage; not one that did not', async (t) => {
+  const running = (n: number) => ({ prompt_tokens: 9, completion_tokens: n, total_tokens: 9 + n });
+  const { gw, sent } = await scripted(t, () => ({
+    stream: true,
+    pieces: [1, 2, 3].map((n) => chunk({ content: ' word' }, { usage: running(n) })).concat(finish(), `data: ${JSON.stringify({ ...ID, choices: [], usage: running(3) })}\n\n`, DONE),
+  }));
+  const { text } = await post(gw, ask({ stream: true, stream_options: { include_usage: true, continuous_usage_stats: true } }));
+  t.same(sent[0]!.stream_options, { include_usage: true, continuous_usage_stats: true }, 'the option reached the server');
+  const events = dataEvents(t, text).filter((e) => (e.choices as Json[]).length > 0 && ((e.choices as Json[])[0]!.delta as Json).content);
+  t.same(events.map((e) => e.usage), [running(1), running(2), running(3)]);
+  const { text: plain } = await post(gw, ask({ stream: true }));
+  t.notMatch(plain, /"usage"/, 'a client that did not ask gets none');
+});
+
 for (const [name, after] of [
   ['then proposes a tool', [chunk({ tool_calls: [{ index: 0, id: 'c2', type: 'function', function: { name: 'search', arguments: '{}' } }] }), finish('tool_calls')]],
   ['then writes nothing', [chunk({ content: '' }), finish()]],
