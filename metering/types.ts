@@ -143,6 +143,8 @@ export interface TokenCounter {
    * piece that crosses the allowance; '' when it cannot be told cheaply.
    */
   leadingText?(text: string, tokens: number): string;
+  /** The text of token ids in this counter's vocabulary; null when they are not all in it. */
+  decode?(ids: readonly number[]): string | null;
   /**
    * A counter that counts more exactly, at more cost, where this one gives upper bounds (tiktoken:
    * long runs without spaces); asked for only before refusing a request on an upper bound.

@@ -299,6 +299,14 @@ export class TiktokenCounter implements TokenCounter {
     return utf8Prefix(text, enc.decode(ids.subarray(0, tokens)).length);
   }
 
+  decode(ids: readonly number[]): string | null {
+    try {
+      return new TextDecoder().decode(getEncoder(this.encoding).decode(Uint32Array.from(ids)));
+    } catch {
+      return null; // an id outside the vocabulary
+    }
+  }
+
   private label(upperBound: boolean): CountMethod {
     return upperBound ? `tiktoken:${this.encoding}:upper-bound` : this.method;
   }

@@ -6,6 +6,7 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
+import type { TokenCounter } from '../../metering/types.js';
 import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
@@ -319,7 +320,7 @@ async function relayAdmitted(
       ...admissionHeaders(plan, notices),
       ...extra,
     });
-  const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance, echoOf(plan));
+  const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance, echoOf(plan, counter));
   const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining, abort.signal);
   upstreamMs = performance.now() - tForward;
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
@@ -436,13 +437,16 @@ async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<stri
  * llama.cpp server, which does not echo: there, text that happens to repeat the prompt is the
  * model's own, and is metered.
  */
-function echoOf(plan: Plan): ((index: number) => string) | undefined {
+function echoOf(plan: Plan, counter: TokenCounter): ((index: number) => string) | undefined {
   const body = plan.valid.body;
   if (plan.valid.kind !== 'completions' || body.echo !== true || plan.upstream.config.kind !== 'openai') return undefined;
   const prompt = body.prompt;
   const n = plan.valid.n;
+  const isIds = (p: unknown): p is number[] => Array.isArray(p) && p.every((x) => typeof x === 'number');
   return (index) => {
-    const p = Array.isArray(prompt) && !prompt.every((x) => typeof x === 'number') ? prompt[Math.floor(index / n)] : prompt;
-    return typeof p === 'string' ? p : '';
+    const p = Array.isArray(prompt) && !isIds(prompt) ? prompt[Math.floor(index / n)] : prompt;
+    if (typeof p === 'string') return p;
+    // A prompt of token ids is echoed as their text: known where the counter has the vocabulary.
+    return isIds(p) ? (counter.decode?.(p) ?? '') : '';
   };
 }

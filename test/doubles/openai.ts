@@ -4,6 +4,17 @@
 
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { get_encoding, type Tiktoken } from '@dqbd/tiktoken';
+
+let cl100k: Tiktoken | null = null;
+
+/** The prompt a completion echoes: its text, or the text of its token ids (cl100k_base, gpt-3.5-turbo-instruct's). */
+function echoed(prompt: unknown): string {
+  if (typeof prompt === 'string') return prompt;
+  if (!Array.isArray(prompt) || !prompt.every((x) => typeof x === 'number')) return '';
+  cl100k ??= get_encoding('cl100k_base');
+  return new TextDecoder().decode(cl100k.decode(Uint32Array.from(prompt as number[])));
+}
 
 type Json = Record<string, unknown>;
 
@@ -128,7 +139,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
               message: toolCalls ? { role: 'assistant', content: o.toolCallText ?? null, tool_calls: toolCalls } : { role: 'assistant', content: text },
               finish_reason: toolCalls ? 'tool_calls' : finish,
             }
-          : { index, text: (body.echo === true && typeof body.prompt === 'string' ? body.prompt : '') + text, finish_reason: finish },
+          : { index, text: (body.echo === true ? echoed(body.prompt) : '') + text, finish_reason: finish },
       );
       return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, usage });
     }
@@ -154,8 +165,8 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
     });
     if (isChat) send(chunk(Array.from({ length: n }, (_, index) => ({ index, delta: { role: 'assistant', content: '' }, finish_reason: null }))));
     // A completion with `echo` starts each choice's text with its prompt, read and not written.
-    if (!isChat && body.echo === true && typeof body.prompt === 'string') {
-      for (let index = 0; index < n; index++) send(chunk([{ index, text: body.prompt, finish_reason: null }]));
+    if (!isChat && body.echo === true && echoed(body.prompt) !== '') {
+      for (let index = 0; index < n; index++) send(chunk([{ index, text: echoed(body.prompt), finish_reason: null }]));
     }
     let sent = 0;
     if (toolCalls) {

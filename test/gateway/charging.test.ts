@@ -3,6 +3,7 @@
 // budget holds under 200 concurrent requests, and a stream is cut at the allowance.
 
 import t from 'tap';
+import { get_encoding as getEncoding } from '@dqbd/tiktoken';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
@@ -271,6 +272,29 @@ t.test('a reservation past 2^31 tokens, and upstream figures no integer column h
   t.equal(odd.status, 200, odd.text);
   const rows = await ledgerRows(gw);
   t.same(rows.map((r) => [r.state, r.upstream_prompt_tokens]), [['settled', 1e12], ['settled', null]], 'a count that is no whole number is not recorded as one');
+});
+
+// Regression: a prompt of token ids was not known as text, so its echo was metered as output and
+// the stream cut inside the echo, before the answer (and charged the whole allowance).
+t.test('a streamed completion with echo of a token-id prompt: its text is the echo, uncounted', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const { TiktokenCounter } = await import('../../metering/tokenizers/tiktoken-counter.js');
+  const words = 'Once upon a time there was a fox who ran.';
+  const ids = Array.from(getEncoding('cl100k_base').encode_ordinary(words));
+  t.equal(new TiktokenCounter('cl100k_base').decode(ids), words, 'the counter reads ids back');
+  t.equal(new TiktokenCounter('cl100k_base').decode([1 << 30]), null, 'and says so of an id it has not');
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-3.5-turbo-instruct', prompt: ids, max_tokens: 5, echo: true, stream: true }),
+  });
+  const chunks = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as { choices: Array<{ text: string; finish_reason: string | null }> });
+  t.equal(chunks.flatMap((c) => c.choices.map((x) => x.text)).join(''), words + ' hi'.repeat(5), 'the prompt, then every token of the answer');
+  t.equal(chunks.flatMap((c) => c.choices).at(-1)?.finish_reason, 'stop');
+  const rows = await ledgerRows(gw);
+  t.equal(rows.at(-1)?.generated_tokens, 5, 'generated: the answer alone');
 });
 
 t.test('a streamed completion with echo: the echoed prompt reaches the client uncounted, the answer is metered (regression: cut before it)', async (t) => {
