@@ -32,6 +32,17 @@ export interface AdmissionState {
   month: { spentUsd: number; reservedUsd: number };
 }
 
+/**
+ * The token budget a request of a run is held to: the run's own, set by its first request, and the
+ * budget of the key now asking, whichever is lower (null: none). A key with a lower budget that
+ * joins a run another key began must not take the other's budget with it.
+ */
+export function runBudgetFor(runBudget: number | null | undefined, askerBudget: number | null): number | null {
+  if (runBudget === undefined) return askerBudget;
+  if (runBudget === null || askerBudget === null) return runBudget ?? askerBudget;
+  return Math.min(runBudget, askerBudget);
+}
+
 /** The tokens a reservation draws from its run: the prompt charge plus the whole allowance. */
 export function reservedTokens(r: Reservation): number {
   return r.promptCharge + r.allowance;
@@ -68,18 +79,19 @@ export function checkAdmission(r: Reservation, s: AdmissionState): AdmitResult {
     if (scope.tenant && scope.tenant !== r.tenant) return { ok: false, scope: 'owner', conversation: scope.id ?? r.conversation };
   }
   const neededTokens = reservedTokens(r);
-  if (s.budgetTokens !== null && s.usedTokens + neededTokens > s.budgetTokens) {
+  const budget = runBudgetFor(s.budgetTokens, r.runBudgetTokens);
+  if (budget !== null && s.usedTokens + neededTokens > budget) {
     return {
       ok: false,
       scope: 'run',
-      remainingTokens: Math.max(0, s.budgetTokens - s.usedTokens),
+      remainingTokens: Math.max(0, budget - s.usedTokens),
       neededTokens,
-      limitTokens: s.budgetTokens,
+      limitTokens: budget,
     };
   }
   const keep = r.keepTokens ?? 0;
-  if (s.budgetTokens !== null && keep > 0 && s.usedTokens + neededTokens + keep > s.budgetTokens) {
-    return { ok: false, scope: 'keep', remainingTokens: s.budgetTokens - s.usedTokens, neededTokens, keepTokens: keep };
+  if (budget !== null && keep > 0 && s.usedTokens + neededTokens + keep > budget) {
+    return { ok: false, scope: 'keep', remainingTokens: budget - s.usedTokens, neededTokens, keepTokens: keep };
   }
   // A request that costs no money (local, plan, an excerpt the gateway writes) passes every money
   // check; one whose cost is unknown (`costUnknown`) passes those that still have room.

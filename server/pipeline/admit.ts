@@ -11,6 +11,7 @@ import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } fr
 import { isToolRound, ownerError, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { capRoomOf, conversationFamily } from './budgets.js';
+import { runBudgetFor } from '../../metering/stores/admission-check.js';
 
 export function reservationOf(plan: Plan): Reservation {
   return {
@@ -32,7 +33,8 @@ export function reservationOf(plan: Plan): Reservation {
     sharedPrefixTokens: plan.sharedPrefixTokens,
     promptCharge: plan.promptCharge,
     allowance: plan.allowance,
-    runBudgetTokens: plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget,
+    // The asker's own budget: the store holds the request to the lower of it and the run's.
+    runBudgetTokens: plan.bounds.tokenBudget,
     worstCaseUsd: plan.worstCaseUsd,
     costUnknown: plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly,
     month: plan.month,
@@ -124,7 +126,7 @@ function keepError(r: Extract<AdmitRefusal, { scope: 'keep' }>, plan: Plan): Gat
   return new GatewayError(
     'token_budget_exhausted',
     `run token budget: this tool round needs ${r.neededTokens} tokens and must leave the answer's reserve of ${r.keepTokens}, ${r.remainingTokens} of the run's tokens remain (requests of the same run running at once took them)`,
-    { remaining: r.remainingTokens, needed: r.neededTokens + r.keepTokens, limit: plan.runState?.budgetTokens ?? plan.bounds.tokenBudget, prompt_tokens: plan.promptCharge, allowance: plan.allowance, count_method: plan.rows.countMethod },
+    { remaining: r.remainingTokens, needed: r.neededTokens + r.keepTokens, limit: runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), prompt_tokens: plan.promptCharge, allowance: plan.allowance, count_method: plan.rows.countMethod },
   );
 }
 
@@ -145,7 +147,7 @@ export async function unpricedUnderLimit(gw: Gateway, plan: Plan): Promise<boole
 /** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
 export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
   if (plan.tokenRefusal) {
-    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, plan.runState?.budgetTokens ?? plan.bounds.tokenBudget, plan);
+    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan);
   }
   if (await unpricedUnderLimit(gw, plan)) {
     const r = modelNotPriced(plan.model);

@@ -4,7 +4,7 @@
 
 import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
-import { familyOf, USD_EPSILON, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
+import { familyOf, runBudgetFor, USD_EPSILON, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
 import { ratesAt, roundUsd } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { roomPastCapUsd } from '../../pricing/cheaper-models.js';
@@ -64,7 +64,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     tasksUsd: c?.tasksUsd ?? 0,
     reservedUsd: c?.reservedUsd ?? 0,
   });
-  const budgetTokens = plan.runState ? plan.runState.budgetTokens : plan.bounds.tokenBudget;
+  const budgetTokens = runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget);
   const state: AdmissionState = {
     budgetTokens,
     usedTokens: plan.runState?.usedTokens ?? 0,

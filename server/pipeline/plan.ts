@@ -23,6 +23,7 @@ import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
+import { runBudgetFor } from '../../metering/stores/admission-check.js';
 
 export interface Headers {
   [name: string]: string | string[] | undefined;
@@ -415,7 +416,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
   let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
-  const remaining = runState ? (runState.budgetTokens === null ? null : runState.budgetTokens - runState.usedTokens) : bounds.tokenBudget;
+  const runBudget = runBudgetFor(runState?.budgetTokens, bounds.tokenBudget);
+  const remaining = runBudget === null ? null : runBudget - (runState?.usedTokens ?? 0);
 
   // 4. Mode: a run at one of its bounds gets its answer instead of another tool round (SPEC §5).
   let forwardBody = valid.body;

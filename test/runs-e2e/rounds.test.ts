@@ -112,6 +112,27 @@ t.test('bounds are set per tenant and per key, and can be turned off', async (t)
   t.ok(Array.isArray(last.tools), 'the 8th request still offered tools');
 });
 
+// Regression: a run kept the budget of the key that began it, so a key held to a smaller budget
+// could take a larger one by joining a run another key of its tenant had begun.
+t.test("a key that joins another key's run is held to the lower of the two budgets", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, {
+    upstreams: [openaiUpstream(upstream.url)],
+    auth: { keys: [{ key: 'tg-wide', tenant: 'acme' }, { key: 'tg-narrow', tenant: 'acme', runs: { tokenBudget: 100 } }] },
+  });
+  const body = { model: 'gpt-4o-mini', max_tokens: 1000, messages: [{ role: 'user', content: 'One question.' }] };
+  const headers = (key: string) => ({ 'content-type': 'application/json', authorization: `Bearer ${key}`, 'x-tollgate-conversation': 'shared-run' });
+  const send = (key: string) => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: headers(key), body: JSON.stringify(body) });
+  t.equal((await send('tg-narrow')).status, 402, 'alone, the narrow key may not reserve 1,000');
+  t.equal((await send('tg-wide')).status, 200, 'the wide key begins the run');
+  const joined = await send('tg-narrow');
+  t.equal(joined.status, 402, 'nor by joining the run the wide key began');
+  t.match(await joined.json(), { error: { code: 'token_budget_exhausted', limit: 100 } });
+  const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: headers('tg-narrow'), body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { budgets: { run: { limit_tokens: number } } };
+  t.equal(plan.budgets.run.limit_tokens, 100, 'and admission shows the budget it is held to');
+});
+
 t.test('legacy function calling (functions / function_call / role "function") counts its rounds too', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 4 });
   t.teardown(upstream.close);
