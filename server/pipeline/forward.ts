@@ -87,6 +87,8 @@ export async function forward(plan: Plan, signal: AbortSignal): Promise<Dispatch
   const headers: Record<string, string> = {
     'content-type': 'application/json',
     accept: plan.valid.stream ? 'text/event-stream' : 'application/json',
+    // The gateway reads the answer as it comes, to meter it: a compressed one it could not read.
+    'accept-encoding': 'identity',
     'x-request-id': plan.id,
   };
   if (upstream.apiKey) headers.authorization = `Bearer ${upstream.apiKey}`;

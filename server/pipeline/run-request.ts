@@ -19,6 +19,7 @@ import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
 import { settle as settleOutcome, pricierFor, providerOutputTrusted, type Outcome, type Settled } from './settle.js';
 import { sseData } from './sse.js';
+import { completionChunks } from './completion-as-stream.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
@@ -265,12 +266,14 @@ async function relayAdmitted(
     throw err;
   };
 
-  if (plan.valid.stream && !isEventStream(res.headers['content-type'])) {
+  // A stream request answered with a whole completion is relayed as one (completion-as-stream.ts).
+  const answeredWhole = plan.valid.stream && isJsonType(res.headers['content-type']);
+  if (plan.valid.stream && !answeredWhole && !isEventStream(res.headers['content-type'])) {
     const text = await errorText(plan, res);
     return badResponse(notAStream(plan, text));
   }
 
-  if (!plan.valid.stream) {
+  if (!plan.valid.stream || answeredWhole) {
     let json: Awaited<ReturnType<typeof relayJson>>;
     try {
       json = await relayJson(plan, res);
@@ -299,6 +302,7 @@ async function relayAdmitted(
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(200);
+    if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers), ...admissionHeaders(plan, notices) }, settled);
     reply.code(200).headers({ ...upstreamHeaders(res.headers), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
     if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
     else reply.send(json.body);
@@ -394,6 +398,30 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   body += `: tollgate ${JSON.stringify({ charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd, fallback: 'evidence-excerpt' })}\n\n`;
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}
+
+/**
+ * A whole completion sent to a client that asked for a stream: its chunks, the usage chunk if the
+ * client asked for usage, the settled figures in the closing comment, then [DONE], as a stream ends.
+ */
+function sendAsStream(plan: Plan, reply: FastifyReply, json: Awaited<ReturnType<typeof relayJson>>, headers: Record<string, string | string[]>, settled: Settled): void {
+  const chunks = completionChunks(json.body, plan.valid.kind === 'chat');
+  let body = chunks.map((c) => sseData(c)).join('');
+  if (plan.valid.includeUsage) {
+    const usage = json.usage ?? { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+    const { choices: _c, ...meta } = chunks[0] ?? {};
+    body += sseData({ ...meta, choices: [], usage });
+  }
+  const trailer: Record<string, unknown> = { charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd };
+  if (settled.notices.length > 0) trailer.notices = settled.notices;
+  body += `: tollgate ${JSON.stringify(trailer)}\n\n`;
+  body += 'data: [DONE]\n\n';
+  reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}
+
+function isJsonType(contentType: string | string[] | undefined): boolean {
+  const value = Array.isArray(contentType) ? contentType[0] : contentType;
+  return value !== undefined && /^\s*application\/json\b/i.test(value);
 }
 
 function isEventStream(contentType: string | string[] | undefined): boolean {

@@ -234,6 +234,6 @@ t.test('a stream request answered 200 with an error object (no event stream) →
   })().catch((e: unknown) => e);
   t.ok(err instanceof OpenAI.APIError, 'the SDK sees an error, not an empty stream that looks like an answer');
   t.equal((err as InstanceType<typeof OpenAI.APIError>).status, 502);
-  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /answered a stream request with no event stream: No endpoints found for this model/);
+  t.match((err as InstanceType<typeof OpenAI.APIError>).message, /answered 200 with an error: No endpoints found for this model/);
   await wholeRefund(t, gw, 502);
 });

@@ -19,6 +19,7 @@ t.test('chat, non-streamed, through the openai SDK', async (t) => {
   // 1. the upstream got its own key, not the client's, and an explicit allowance
   const seen = upstream.requests.at(-1)!;
   t.equal(seen.headers.authorization, 'Bearer sk-upstream');
+  t.equal(seen.headers['accept-encoding'], 'identity', 'and is asked for a body the gateway can read as it comes (not compressed)');
   t.equal(seen.body?.max_tokens, 20);
   // 2. charge headers: reserved = prompt charge + allowance; refund = allowance − generated
   const reserved = Number(response.headers.get('x-tollgate-reserved-tokens'));

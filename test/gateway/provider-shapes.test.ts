@@ -321,6 +321,45 @@ t.test('usage in every chunk reaches a client that asked for usage; not one that
   t.notMatch(plain, /"usage"/, 'a client that did not ask gets none');
 });
 
+// Regression: a stream request that a server answered with a whole completion (some do not stream
+// every request) was a 502, refunded whole — though the answer had been generated and paid for.
+for (const includeUsage of [false, true]) {
+  t.test(`a stream request answered with a whole completion reaches the client as a stream${includeUsage ? ', usage and all' : ''}`, async (t) => {
+    const call = { id: 'call_1', type: 'function', function: { name: 'search', arguments: '{"q":"tolls"}' } };
+    const answer = {
+      ...ID,
+      object: 'chat.completion',
+      choices: [{ index: 0, message: { role: 'assistant', content: 'Let me look.', tool_calls: [call] }, finish_reason: 'tool_calls' }],
+      usage: { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21 },
+    };
+    const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
+    const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+    const stream = await client.chat.completions.create({
+      ...ask({ tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }] }),
+      stream: true,
+      ...(includeUsage ? { stream_options: { include_usage: true } } : {}),
+    } as never);
+    let content = '';
+    let args = '';
+    let finish: unknown = null;
+    let usage: unknown = null;
+    for await (const chunk of stream as unknown as AsyncIterable<{ choices: Array<{ delta: { content?: string; tool_calls?: Array<{ function?: { arguments?: string } }> }; finish_reason: unknown }>; usage?: unknown }>) {
+      for (const c of chunk.choices) {
+        content += c.delta.content ?? '';
+        args += c.delta.tool_calls?.map((x) => x.function?.arguments ?? '').join('') ?? '';
+        finish = c.finish_reason ?? finish;
+      }
+      if (chunk.usage) usage = chunk.usage;
+    }
+    t.equal(content, 'Let me look.');
+    t.equal(args, '{"q":"tolls"}', 'the tool call, indexed as a stream gives it');
+    t.equal(finish, 'tool_calls');
+    t.same(usage, includeUsage ? answer.usage : null);
+    const [row] = await rows(gw);
+    t.match(row, { status: 200, generated_tokens: 9, output_method: 'provider' }, 'charged what it generated');
+  });
+}
+
 for (const [name, after] of [
   ['then proposes a tool', [chunk({ tool_calls: [{ index: 0, id: 'c2', type: 'function', function: { name: 'search', arguments: '{}' } }] }), finish('tool_calls')]],
   ['then writes nothing', [chunk({ content: '' }), finish()]],
