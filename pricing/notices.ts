@@ -3,7 +3,7 @@
 import { ratesAt, roundUsd, tokensUsd, type Billing, type ModelPrice } from './model-price.js';
 import { formatUsdFigure } from './usd-format.js';
 
-/** Share of a monthly budget at which the crossing response says `budget-near`. */
+/** Share of a monthly budget at or past which a settlement says `budget-near` (once a month). */
 export const BUDGET_NEAR_SHARE = 0.8;
 /** The pricier notice stays quiet below this estimate: a short chat is not worth a word. */
 export const PRICIER_MIN_USD = 0.25;
@@ -19,18 +19,14 @@ export const BUDGET_NEAR_NOTICE = 'budget-near';
  */
 export const BUDGET_NEAR_TOLERANCE_USD = 1e-9;
 
-/** True when `spentUsd` is at 80 % of the budget or past it (within the tolerance). */
+/**
+ * True when `spentUsd` is at 80 % of the budget or past it (within the tolerance). Settlement asks
+ * it of the month after each paid response; the ledger's `claimBudgetNearNotice` then makes the
+ * notice once per tenant per month across replicas.
+ */
 export function budgetNearReached(spentUsd: number, budgetUsd: number | null): boolean {
   if (budgetUsd === null || !(budgetUsd > 0)) return false;
   return spentUsd + BUDGET_NEAR_TOLERANCE_USD >= budgetUsd * BUDGET_NEAR_SHARE;
-}
-
-/**
- * True when this response moved the month's spend from below 80 % of the budget to 80 % or more.
- * The ledger's `claimBudgetNearNotice` then makes it once per tenant per month across replicas.
- */
-export function budgetNearCrossed(beforeUsd: number, afterUsd: number, budgetUsd: number | null): boolean {
-  return !budgetNearReached(beforeUsd, budgetUsd) && budgetNearReached(afterUsd, budgetUsd);
 }
 
 export interface PricierInput {

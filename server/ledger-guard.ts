@@ -57,7 +57,13 @@ export function isLedgerUnavailable(err: unknown): boolean {
 function unavailable(err: unknown): unknown {
   const code = storeFailureCode(err);
   if (code === null) return err;
-  const e = new GatewayError('ledger_unavailable', `the ledger could not be read or written (${code}); try again shortly`, {}, null, { cause: err });
+  // A file deleted or replaced under the gateway stays so: no retry helps until a restart opens
+  // what the path now names (metering/stores/sqlite-file-identity.ts).
+  const advice =
+    code === LEDGER_FILE_REPLACED
+      ? 'its file was deleted or replaced while the gateway ran, and no retry helps until the gateway is restarted'
+      : 'try again shortly';
+  const e = new GatewayError('ledger_unavailable', `the ledger could not be read or written (${code}); ${advice}`, {}, null, { cause: err });
   // The log line gets what the store said.
   e.logMessage = `the ledger could not be read or written: ${(err as Error).message}`;
   return e;

@@ -1,9 +1,13 @@
 #!/usr/bin/env node
 // Start-up: read the environment, build the app, listen, and shut down gracefully (SPEC §8).
-//   TOLLGATE_CONFIG  JSON config file (optional: a zero-config default is served without it)
-//   TOLLGATE_HOST    default 127.0.0.1
-//   TOLLGATE_PORT    default 8787
+//   TOLLGATE_CONFIG       JSON config file (optional: a zero-config default is served without it)
+//   TOLLGATE_HOST         default 127.0.0.1
+//   TOLLGATE_PORT         default 8787
+//   TOLLGATE_DRAIN_MS     how long a stopping gateway lets requests run, default 25000
+//   TOLLGATE_ADMIN_TOKEN  enables the operator API (read by server/app.ts; unset or empty: off)
 // (set but empty is the default, as unset: `TOLLGATE_PORT=` in a compose file is not port 0)
+// The config reads its own (server/config.ts): OPENAI_BASE_URL and OPENAI_API_KEY for the
+// zero-config upstream, DATABASE_URL for a PostgreSQL store without `url`, each `apiKeyEnv`.
 
 import { existsSync } from 'node:fs';
 import { buildApp } from './app.js';

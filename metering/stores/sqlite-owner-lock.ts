@@ -14,7 +14,11 @@
 
 import Database from 'better-sqlite3';
 
-/** How long a starting gateway waits for the process that holds the ledger (its drain is 30 s). */
+/**
+ * How long a starting gateway waits at least for the process that holds the ledger: longer than a
+ * stopping one holds it by default (a 25 s drain, then 5 s to exit). server/main.ts waits longer
+ * when `TOLLGATE_DRAIN_MS` asks it to.
+ */
 export const OWNER_LOCK_WAIT_MS = 35_000;
 const POLL_MS = 250;
 

@@ -1,7 +1,8 @@
 // The upstream's response headers a client acts on, passed on with its answer: its request id (the
-// SDKs show it as `_request_id`), its rate-limit state, and its retry advice — an upstream 429 or
-// 408 must stay retryable with the backoff the provider asked for. Everything else the upstream
-// sent stays behind: the gateway writes its own framing and metering headers.
+// SDKs show it as `_request_id`), its processing time (`openai-processing-ms`), its rate-limit
+// state, and its retry advice — an upstream 429 or 408 must stay retryable with the backoff the
+// provider asked for. Everything else the upstream sent stays behind: the gateway writes its own
+// framing and metering headers.
 
 import type { IncomingHttpHeaders } from 'node:http';
 

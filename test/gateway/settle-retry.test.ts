@@ -218,6 +218,6 @@ t.test('a ledger file deleted or replaced under a running gateway: not ready, an
   t.match(await ready.json(), { status: 'not ready', store: { ok: false, error: 'the ledger did not answer (LEDGER_FILE_REPLACED)' } });
   const refused = await post();
   t.equal(refused.status, 503);
-  t.same(await refused.json(), { error: { message: 'the ledger could not be read or written (LEDGER_FILE_REPLACED); try again shortly', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  t.same(await refused.json(), { error: { message: 'the ledger could not be read or written (LEDGER_FILE_REPLACED); its file was deleted or replaced while the gateway ran, and no retry helps until the gateway is restarted', type: 'server_error', param: null, code: 'ledger_unavailable' } });
   t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 1, 'the refused request was not sent');
 });

@@ -1,17 +1,17 @@
 import t from 'tap';
 import type { ModelPrice } from '../../pricing/model-price.js';
-import { budgetNearCrossed, budgetNearReached, pricierNotice, estimateLikeLastUsd } from '../../pricing/notices.js';
+import { budgetNearReached, pricierNotice, estimateLikeLastUsd } from '../../pricing/notices.js';
 import { formatUsdHeader, formatUsdText } from '../../pricing/usd-format.js';
 
 const opus: ModelPrice = { model: 'opus', inputMtok: 15, cacheReadMtok: 1.5, outputMtok: 75, source: 'override:t', date: '2026-01-01' };
 
-t.test('budget-near: only the response that crosses 80 %', async (t) => {
-  t.ok(budgetNearCrossed(39.99, 40, 50), 'reaching exactly 80 % crosses');
-  t.ok(budgetNearCrossed(10, 45, 50), 'jumping past crosses');
-  t.notOk(budgetNearCrossed(39, 39.99, 50), 'still under');
-  t.notOk(budgetNearCrossed(40, 41, 50), 'already past before: said by an earlier response');
-  t.notOk(budgetNearCrossed(0, 100, null), 'no budget, no notice');
-  t.notOk(budgetNearCrossed(0, 100, 0), 'a zero budget has no 80 % line worth saying');
+t.test('budget-near: reached at 80 % of the budget or past it', async (t) => {
+  t.ok(budgetNearReached(40, 50), 'exactly 80 % has reached it');
+  t.ok(budgetNearReached(45, 50), 'past 80 % has reached it');
+  t.ok(budgetNearReached(60, 50), 'past the whole budget (an operator lowered it) still has');
+  t.notOk(budgetNearReached(39.99, 50), 'still under');
+  t.notOk(budgetNearReached(100, null), 'no budget, no notice');
+  t.notOk(budgetNearReached(100, 0), 'a zero budget has no 80 % line worth saying');
 });
 
 t.test('budget-near: float dust below the line has reached it', async (t) => {
@@ -19,7 +19,6 @@ t.test('budget-near: float dust below the line has reached it', async (t) => {
   for (let i = 0; i < 8; i++) spent += 0.1;
   t.not(spent, 0.8, 'eight $0.10 turns do not add up to 0.8 in doubles');
   t.ok(budgetNearReached(spent, 1), '…and still reach 80 % of $1');
-  t.ok(budgetNearCrossed(0.7, spent, 1));
   t.notOk(budgetNearReached(0.7999, 1), 'a real shortfall is not dust');
 });
 
