@@ -73,7 +73,7 @@ export function registerErrorHandling(app: FastifyInstance): void {
       }
       // An upstream failure (5xx) is not final, so SDKs keep their own retry rules. (A settled
       // model request has logged it on its one line already.)
-      return answer(err.status, err.code, err.toEnvelope(), {}, { level: 'warn', err: gw.config.logging.prompts ? err.message : (err.logMessage ?? err.message) });
+      return answer(err.status, err.code, err.toEnvelope(), err.final ? NO_RETRY_HEADERS : {}, { level: 'warn', err: gw.config.logging.prompts ? err.message : (err.logMessage ?? err.message) });
     }
     const fe = err as FastifyError;
     if (fe.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE') {

@@ -47,6 +47,11 @@ export class GatewayError extends Error {
    * repeat the prompt: SPEC §10, prompt text is never logged by default). Null: the message itself.
    */
   logMessage: string | null = null;
+  /**
+   * A failure (5xx) the same request meets again however soon it is retried: said so with
+   * `x-should-retry: false`, as a refusal is (the SDKs would retry it twice at once).
+   */
+  final = false;
 
   constructor(
     readonly code: ErrorCode,

@@ -64,6 +64,7 @@ function unavailable(err: unknown): unknown {
       ? 'its file was deleted or replaced while the gateway ran, and no retry helps until the gateway is restarted'
       : 'try again shortly';
   const e = new GatewayError('ledger_unavailable', `the ledger could not be read or written (${code}); ${advice}`, {}, null, { cause: err });
+  e.final = code === LEDGER_FILE_REPLACED;
   // The log line gets what the store said.
   e.logMessage = `the ledger could not be read or written: ${(err as Error).message}`;
   return e;

@@ -104,6 +104,7 @@ t.test('a store failure before the upstream is called is a 503 ledger_unavailabl
   const res = await post();
   t.equal(res.status, 503);
   t.same(await res.json(), { error: { message: 'the ledger could not be read or written (SQLITE_FULL); try again shortly', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  t.equal(res.headers.get('x-should-retry'), null, 'a store that is away may be back: the SDKs keep their retries');
   // The ping reads and succeeds; the admission's write failed: not ready.
   const unready = await fetch(`${gw.url}/readyz`);
   t.equal(unready.status, 503, 'not ready while admissions fail, though a read answers');
@@ -219,5 +220,6 @@ t.test('a ledger file deleted or replaced under a running gateway: not ready, an
   const refused = await post();
   t.equal(refused.status, 503);
   t.same(await refused.json(), { error: { message: 'the ledger could not be read or written (LEDGER_FILE_REPLACED); its file was deleted or replaced while the gateway ran, and no retry helps until the gateway is restarted', type: 'server_error', param: null, code: 'ledger_unavailable' } });
+  t.equal(refused.headers.get('x-should-retry'), 'false', 'and the SDKs are told not to retry it at once');
   t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 1, 'the refused request was not sent');
 });
