@@ -266,6 +266,14 @@ async function relayAdmitted(
     throw err;
   };
 
+  // A redirect is not followed (where it points is not configuration): the operator is told where.
+  if (res.statusCode >= 300) {
+    await errorText(plan, res);
+    const location = res.headers.location;
+    const where = typeof location === 'string' && location !== '' ? ` to ${location.slice(0, 500)}` : '';
+    return badResponse(badUpstreamResponse(plan.upstream.name, `redirected the request${where} (${res.statusCode}); the gateway follows no redirect: set the upstream's baseUrl to where it points`));
+  }
+
   // A stream request answered with a whole completion is relayed as one (completion-as-stream.ts).
   const answeredWhole = plan.valid.stream && isJsonType(res.headers['content-type']);
   if (plan.valid.stream && !answeredWhole && !isEventStream(res.headers['content-type'])) {

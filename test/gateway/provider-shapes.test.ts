@@ -17,7 +17,7 @@ type Json = Record<string, unknown>;
  * What the scripted upstream writes for the request it got: its pieces, a few ms apart, then it
  * ends the response (or resets the connection, or holds it open).
  */
-type Script = (body: Json) => { stream: boolean; pieces: string[]; then?: 'end' | 'reset' | 'hold'; status?: number; type?: string };
+type Script = (body: Json) => { stream: boolean; pieces: string[]; then?: 'end' | 'reset' | 'hold'; status?: number; type?: string; headers?: Record<string, string> };
 
 const o200k = new TiktokenCounter('o200k_base');
 const ID = { id: 'chatcmpl-abc', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini' };
@@ -33,8 +33,8 @@ async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ g
     req.on('end', async () => {
       const body = JSON.parse(text) as Json;
       sent.push(body);
-      const { stream, pieces, then = 'end', status = 200, type } = script(body);
-      res.writeHead(status, { 'content-type': type ?? (stream ? 'text/event-stream' : 'application/json') });
+      const { stream, pieces, then = 'end', status = 200, type, headers = {} } = script(body);
+      res.writeHead(status, { 'content-type': type ?? (stream ? 'text/event-stream' : 'application/json'), ...headers });
       for (const piece of pieces) {
         if (res.destroyed) return;
         res.write(piece);
@@ -357,6 +357,19 @@ for (const includeUsage of [false, true]) {
     t.same(usage, includeUsage ? answer.usage : null);
     const [row] = await rows(gw);
     t.match(row, { status: 200, generated_tokens: 9, output_method: 'provider' }, 'charged what it generated');
+  });
+}
+
+// Regression: a redirect (an http:// baseUrl the server moves to https://) reached a stream client
+// as a 200 with an error event about "no events", and a plain one as "not JSON".
+for (const stream of [false, true]) {
+  t.test(`a redirect is not followed, and says where it points (${stream ? 'stream' : 'plain'})`, async (t) => {
+    const { gw } = await scripted(t, () => ({ stream, status: 301, type: 'text/html', headers: { location: 'https://api.example.test/v1/chat/completions' }, pieces: [] }));
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask({ stream })) });
+    t.equal(res.status, 502);
+    t.match(await res.json(), { error: { code: 'upstream_bad_response', message: /redirected the request to https:\/\/api\.example\.test\/v1\/chat\/completions \(301\).*baseUrl/ } });
+    const [row] = await rows(gw);
+    t.match(row, { status: 502, charge_tokens: 0 });
   });
 }
 
