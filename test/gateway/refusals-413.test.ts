@@ -97,7 +97,7 @@ t.test('context_window_exceeded: prompt alone, and prompt plus explicit max_toke
   const fits = await post('/v1/chat/completions', request);
   t.equal(fits.status, 200);
   t.equal(upstream.requests.length, 1);
-  t.equal(upstream.requests[0].body?.max_completion_tokens, 64 - prompt, 'allowance clamped to the window');
+  t.equal(upstream.requests[0].body?.max_tokens, 64 - prompt, 'allowance clamped to the window');
 });
 
 t.test('admission of a request refused only for its max_tokens still says the largest max_tokens the window admits', async (t) => {
