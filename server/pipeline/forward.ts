@@ -7,7 +7,7 @@ import type { Dispatcher } from 'undici';
 import { GatewayError } from '../errors.js';
 import type { Plan } from './plan.js';
 import { ENDPOINT_PATHS } from './endpoints.js';
-import { upstreamErrorIn } from './upstream-error-body.js';
+import { errorEnvelopeOf, upstreamErrorIn } from './upstream-error-body.js';
 
 export function upstreamPath(plan: Plan): string {
   const { upstream } = plan;
@@ -121,21 +121,7 @@ export function normaliseUpstreamError(status: number, text: string, upstream: s
     parsed = null;
   }
   const e = upstreamErrorIn(parsed);
-  if (e !== null && (e.message !== '' || e.type !== undefined)) {
-    const message = e.message !== '' ? e.message : `upstream answered ${status}`;
-    // An error that names no type (`{"error": "text"}`) is said as the gateway says those it met.
-    if (typeof e.type !== 'string') return { error: { ...e, message, type: 'upstream_error', param: null, code: 'upstream_error', upstream } };
-    return {
-      error: {
-        ...e,
-        message,
-        param: typeof e.param === 'string' ? e.param : null,
-        // llama.cpp and vLLM send the HTTP status as a number here; their `type` is the useful
-        // code. A provider's own `null` (OpenAI's usual), or none, stays null: not invented.
-        code: typeof e.code === 'string' || e.code === null || e.code === undefined ? (e.code ?? null) : e.type,
-      },
-    };
-  }
+  if (e !== null && (e.message !== '' || e.type !== undefined)) return errorEnvelopeOf(e, upstream, `upstream answered ${status}`);
   const message = text.slice(0, 2000) || `upstream answered ${status}`;
   return { error: { message, type: 'upstream_error', param: null, code: 'upstream_error', upstream } };
 }

@@ -14,7 +14,7 @@ import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
 import { badUpstreamStream } from './forward.js';
-import { upstreamErrorIn } from './upstream-error-body.js';
+import { errorEnvelopeOf, upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -66,6 +66,8 @@ export async function relayStream(
   // or the upstream finished them.
   const finished = new Set<number>();
   const cutChoices = new Set<number>();
+  /** The upstream wrote on in a choice it had said was finished: its finishes say nothing. */
+  let finishEveryChunk = false;
   const filter = plan.mode === 'final-answer' ? new StreamToolCallFilter() : null;
   const out: StreamOutcome = {
     usage: null,
@@ -170,6 +172,11 @@ export async function relayStream(
     // stream's metadata has been taken from a chunk that was parsed.
     const plain = filter === null && (metaTaken || metaParsed) && oneLine && !cutChoices.has(0) ? contentChunk(event.data) : null;
     if (plain !== null) {
+      if (finished.has(0) && plain.text !== '' && !finishEveryChunk) {
+        // Content after the choice's finish (as below).
+        finishEveryChunk = true;
+        for (const held of heldFinish.splice(0)) write(sseData(held));
+      }
       if (meter.add(0, plain.text)) {
         if (!out.visibleText && showsText(plain.text)) out.visibleText = true;
         // `"usage":null` is there because the gateway asked for usage: passed on only if the client did.
@@ -191,11 +198,12 @@ export async function relayStream(
       return true;
     }
     if (!isObject(chunk)) return true;
-    // A provider that fails part way says so in the stream (OpenRouter, OpenAI; vLLM and TGI in
-    // their own shapes): the stream ends.
-    const error = upstreamErrorIn(chunk);
+    // A provider that fails part way says so in the stream (OpenAI; OpenRouter beside a choice
+    // finished with "error"; vLLM and TGI in their own shapes): the stream ends, and the client is
+    // told in the envelope a failed non-streamed request gets.
+    const error = isObject(chunk.error) ? chunk.error : upstreamErrorIn(chunk);
     if (error !== null) {
-      out.upstreamError = isObject(chunk.error) ? chunk.error : { type: 'upstream_error', param: null, code: null, ...error };
+      out.upstreamError = errorEnvelopeOf(error, plan.upstream.name).error;
       return false;
     }
     const { usage, timings, choices } = chunk;
@@ -212,7 +220,7 @@ export async function relayStream(
       // A usage-only chunk is sent at the end. After every choice has finished it is the answer's
       // last word: what follows (`[DONE]`) is read apart, so an upstream that then holds the
       // connection open, or drops it, takes nothing from a whole answer.
-      if (isObject(usage) && finished.size >= choicesExpected) {
+      if (isObject(usage) && finished.size >= choicesExpected && !finishEveryChunk) {
         done = true;
         return false;
       }
@@ -242,6 +250,12 @@ export async function relayStream(
         continue;
       }
       const text = deltaText(raw);
+      if (finished.has(index) && text !== '' && !finishEveryChunk) {
+        // A choice that writes on after its finish: this server names a finish in every chunk, so
+        // no finish of it says the answer is whole, and none is held back.
+        finishEveryChunk = true;
+        for (const held of heldFinish.splice(0)) write(sseData(held));
+      }
       if (!meter.add(index, text)) {
         // Past the allowance: the choice ends here, with what of this piece still fits.
         kept.push(...(cutChunk(index, raw).choices as Json[]));
@@ -255,7 +269,7 @@ export async function relayStream(
       kept.push(raw);
       if (isFinishReason(raw.finish_reason)) {
         finished.add(index);
-        if (holdFinish) untouched = false;
+        if (holdFinish && !finishEveryChunk) untouched = false;
       }
     }
     // The common case — a chunk passed on as it came — is written as received, not re-serialised.
@@ -271,7 +285,7 @@ export async function relayStream(
       if (next) {
         const nextChoices = Array.isArray(next.choices) ? next.choices : [];
         if (nextChoices.some((c) => isObject(c) && showsText(answerText(c)))) out.visibleText = true;
-        if (holdFinish && nextChoices.some((c) => isObject(c) && isFinishReason(c.finish_reason))) heldFinish.push(next);
+        if (holdFinish && !finishEveryChunk && nextChoices.some((c) => isObject(c) && isFinishReason(c.finish_reason))) heldFinish.push(next);
         else write(sseData(next));
       }
     }
@@ -319,8 +333,9 @@ export async function relayStream(
     // lost the upstream.
     if (err instanceof SseEventTooLarge) out.upstreamError = badUpstreamStream(plan.upstream.name, `sent a broken stream: ${err.message}`);
     else if (res.destroyed) out.clientGone = true;
-    // Every choice had finished: a connection lost before `[DONE]` took nothing from the answer.
-    else if (finished.size < choicesExpected || out.cut) out.upstreamLost = true;
+    // Every choice had finished: a connection lost before `[DONE]` took nothing from the answer
+    // (unless the server names a finish in every chunk: then none says so).
+    else if (finished.size < choicesExpected || out.cut || finishEveryChunk) out.upstreamLost = true;
   }
   // Whatever stopped the relay before the upstream's end — the allowance, the client, an error in
   // the stream or one while handling it — stops the upstream too: it would generate for no one.

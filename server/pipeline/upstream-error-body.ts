@@ -33,3 +33,21 @@ function messageText(v: unknown): string {
   if (typeof v === 'string') return v;
   return v === undefined || v === null ? '' : JSON.stringify(v);
 }
+
+/**
+ * An upstream's error object in the OpenAI envelope, the same for an error status, a 200 and a
+ * stream's error event. Its fields are kept; `message` is text (`fallback` when it had none);
+ * `param` a string or null. A numeric `code` (llama.cpp and vLLM send the HTTP status there) gives
+ * way to the error's `type`, the useful code; a provider's own `null`, or none, stays null. An
+ * error that names no type (`{"error": "text"}`, OpenRouter's stream errors) is an
+ * `upstream_error` naming its upstream, with its own code if it has one.
+ */
+export function errorEnvelopeOf(e: Json, upstream: string, fallback = 'the upstream failed'): { error: Json } {
+  const message = typeof e.message === 'string' && e.message !== '' ? e.message : e.message !== undefined && e.message !== null && e.message !== '' ? JSON.stringify(e.message) : fallback;
+  const param = typeof e.param === 'string' ? e.param : null;
+  if (typeof e.type !== 'string') {
+    return { error: { ...e, message, type: 'upstream_error', param, code: typeof e.code === 'string' ? e.code : 'upstream_error', upstream } };
+  }
+  const code = typeof e.code === 'string' || e.code === null || e.code === undefined ? (e.code ?? null) : e.type;
+  return { error: { ...e, message, param, code } };
+}

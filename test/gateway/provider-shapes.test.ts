@@ -282,10 +282,39 @@ for (const [name, event] of [
     const { text } = await post(gw, ask({ stream: true }));
     const last = dataEvents(t, text).at(-1)!;
     t.match(last, { error: { message: 'message' in event ? event.message : event.error } }, 'the client is told, in the envelope');
+    // As a non-streamed request's error would say it (the README's error table).
+    t.match(last, 'message' in event ? { error: { type: 'BadRequestError', code: 'BadRequestError', param: null } } : { error: { type: 'upstream_error', code: 'upstream_error', upstream: 'openai' } });
     const [row] = await rows(gw);
     t.match(row, { status: 502, generated_tokens: 2 });
   });
 }
+
+// OpenRouter says a failure in a chunk that also finishes the choice with "error". Regression (in
+// this session's own change): a chunk with choices was no error, and the failure passed for an
+// answer — charged its prompt, the head moved, a final answer without its excerpt.
+t.test("OpenRouter's error chunk (beside a choice finished with \"error\") before any output: an error event, refunded whole", async (t) => {
+  const failure = { ...ID, error: { code: 502, message: 'Provider disconnected' }, choices: [{ index: 0, delta: { content: '' }, finish_reason: 'error' }] };
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [`data: ${JSON.stringify(failure)}\n\n`, DONE] }));
+  const { text } = await post(gw, ask({ stream: true }));
+  t.match(dataEvents(t, text).at(-1), { error: { message: 'Provider disconnected', type: 'upstream_error', upstream: 'openai' } });
+  const [row] = await rows(gw);
+  t.match(row, { status: 502, charge_tokens: 0 });
+});
+
+// A server that names a finish in every chunk: none of its finishes says the answer is whole.
+t.test('a server that names a finish in every chunk and then drops the connection: the answer was broken off', async (t) => {
+  const stop = (w: string) => `data: ${JSON.stringify({ ...ID, choices: [{ index: 0, delta: { content: w }, finish_reason: 'stop' }] })}\n\n`;
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [stop('Hello'), stop(' there'), stop(' friend')], then: 'reset' }));
+  const { text } = await post(gw, ask({ stream: true }));
+  t.match(dataEvents(t, text).at(-1), { error: { code: 'upstream_lost' } }, 'the client is told');
+  const [row] = await rows(gw);
+  t.match(row, { status: 502, generated_tokens: 3 });
+  const usage = `data: ${JSON.stringify({ ...ID, choices: [], usage: { prompt_tokens: 9, completion_tokens: 2, total_tokens: 11 } })}\n\n`;
+  const { gw: gw2 } = await scripted(t, () => ({ stream: true, pieces: [stop('Hello'), stop(' there'), usage, stop(' friend'), DONE] }));
+  const { text: text2 } = await post(gw2, ask({ stream: true }));
+  const written = dataEvents(t, text2).map((e) => ((e.choices as Json[])[0]?.delta as Json | undefined)?.content ?? '').join('');
+  t.equal(written, 'Hello there friend', 'a usage chunk in the middle does not end it');
+});
 
 // Regression: a provider's usage was taken over the gateway's own exact count of what it relayed,
 // even when it said 0 (a figure sent early in the stream and never brought up to date).
