@@ -21,28 +21,38 @@ export function upstreamPath(plan: Plan): string {
 }
 
 /**
- * OpenAI's own API (and Azure's): its reasoning models refuse `max_tokens` in chat and take
- * `max_completion_tokens`, which every chat model there reads.
+ * OpenAI's own API and Azure's (`api.openai.com`, `eu.api.openai.com`, `*.openai.azure.com`,
+ * Azure AI Foundry's hosts), where every chat model reads `max_completion_tokens`.
  */
 function isOpenAiItself(origin: string): boolean {
   const host = origin.slice(origin.indexOf('//') + 2).replace(/:\d+$/, '').toLowerCase();
-  return host === 'api.openai.com' || host.endsWith('.openai.azure.com');
+  return host === 'api.openai.com' || host.endsWith('.api.openai.com') || /\.(openai|cognitiveservices)\.azure\.com$/.test(host) || host.endsWith('.services.ai.azure.com');
+}
+
+/**
+ * OpenAI's reasoning models by their bare name (o1, o3-mini, o4-mini, gpt-5…), which refuse
+ * `max_tokens` wherever they are reached under that name (a gateway or proxy in front of OpenAI).
+ * A vendor-prefixed name (`openai/o3`) is a router's, which takes `max_tokens` and translates it.
+ */
+function isOpenAiReasoningModel(model: string): boolean {
+  return /^(o\d+(-|$)|gpt-5)/.test(model.toLowerCase());
 }
 
 /**
  * The field the allowance travels in. llama.cpp reads `n_predict`, else `max_tokens`; it has no
  * `max_completion_tokens`, so a client's `max_completion_tokens` reaches it as `max_tokens` (the
- * recorded props list only those two). An upstream configured with `allowanceField` gets that one.
- * Otherwise the client's own field; for a chat request that named none, `max_completion_tokens`
- * at OpenAI itself and `max_tokens` elsewhere: many OpenAI-compatible servers do not know the
- * newer name — Mistral refuses the request (422), Ollama ignores it and generates on.
+ * recorded props list only those two). Completions have only `max_tokens`. A chat request to an
+ * upstream configured with `allowanceField` gets that one; otherwise the client's own field; when
+ * it named none, `max_completion_tokens` at OpenAI itself or for an OpenAI reasoning model, and
+ * `max_tokens` elsewhere: many OpenAI-compatible servers do not know the newer name — Mistral
+ * refuses the request (422), Ollama ignores it and generates on.
  */
 export function allowanceFieldOf(plan: Pick<Plan, 'upstream' | 'valid'>): 'max_tokens' | 'max_completion_tokens' {
   const { config, origin } = plan.upstream;
-  if (config.kind === 'llamacpp') return 'max_tokens';
+  if (config.kind === 'llamacpp' || plan.valid.kind !== 'chat') return 'max_tokens';
   if (config.allowanceField !== null) return config.allowanceField;
   if (plan.valid.maxTokensField) return plan.valid.maxTokensField;
-  return plan.valid.kind === 'chat' && isOpenAiItself(origin) ? 'max_completion_tokens' : 'max_tokens';
+  return isOpenAiItself(origin) || isOpenAiReasoningModel(plan.valid.model) ? 'max_completion_tokens' : 'max_tokens';
 }
 
 export function upstreamBody(plan: Plan): Record<string, unknown> {

@@ -71,12 +71,19 @@ t.test('the allowance travels in the field the upstream reads', async (t) => {
   t.same(await send({ model: 'gpt-4o', max_completion_tokens: 9 }), { max_tokens: undefined, max_completion_tokens: 9 }, "else the client's own field");
   t.same(await send({ model: 'gpt-4o-mini', max_completion_tokens: 9 }), { max_tokens: 9, max_completion_tokens: undefined }, 'or the one the upstream is configured to read');
   const { allowanceFieldOf } = await import('../../server/pipeline/forward.js');
-  const at = (origin: string, kind: 'chat' | 'completions' = 'chat') =>
-    allowanceFieldOf({ upstream: { origin, config: { kind: 'openai', allowanceField: null } }, valid: { kind, maxTokensField: null } } as never);
-  t.equal(at('https://api.openai.com'), 'max_completion_tokens', "OpenAI's reasoning models refuse max_tokens");
-  t.equal(at('https://my-east.openai.azure.com'), 'max_completion_tokens');
-  t.equal(at('https://api.openai.com', 'completions'), 'max_tokens', 'completions have only max_tokens');
+  const at = (origin: string, model = 'gpt-4o', kind: 'chat' | 'completions' = 'chat', allowanceField: string | null = null) =>
+    allowanceFieldOf({ upstream: { origin, config: { kind: 'openai', allowanceField } }, valid: { kind, model, maxTokensField: null } } as never);
+  t.equal(at('https://api.openai.com'), 'max_completion_tokens', 'OpenAI itself: every chat model reads it');
+  for (const host of ['https://eu.api.openai.com', 'https://my-east.openai.azure.com', 'https://res.cognitiveservices.azure.com', 'https://proj.services.ai.azure.com:443']) {
+    t.equal(at(host), 'max_completion_tokens', host);
+  }
   t.equal(at('https://api.mistral.ai'), 'max_tokens');
+  for (const model of ['o1', 'o3-mini', 'o4-mini-2025-04-16', 'gpt-5', 'gpt-5.1-codex']) {
+    t.equal(at('https://gateway.example.test/v1', model), 'max_completion_tokens', `${model} behind a proxy: its reasoning models refuse max_tokens`);
+  }
+  t.equal(at('https://openrouter.ai/api/v1', 'openai/o3'), 'max_tokens', "a router's vendor-prefixed name takes max_tokens");
+  t.equal(at('https://api.openai.com', 'gpt-3.5-turbo-instruct', 'completions'), 'max_tokens', 'completions have only max_tokens');
+  t.equal(at('https://api.openai.com', 'gpt-3.5-turbo-instruct', 'completions', 'max_completion_tokens'), 'max_tokens', 'whatever the upstream is configured with');
 });
 
 t.test('unknown model is a 404 model_not_found and reaches no upstream', async (t) => {
