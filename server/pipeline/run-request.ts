@@ -266,12 +266,13 @@ async function relayAdmitted(
     throw err;
   };
 
-  // A redirect is not followed (where it points is not configuration): the operator is told where.
+  // A redirect is not followed (where it points is not configuration). Where it points is for the
+  // operator's log only: a Location can name an internal address, or carry a key or a signature.
   if (res.statusCode >= 300) {
     await errorText(plan, res);
-    const location = res.headers.location;
-    const where = typeof location === 'string' && location !== '' ? ` to ${location.slice(0, 500)}` : '';
-    return badResponse(badUpstreamResponse(plan.upstream.name, `redirected the request${where} (${res.statusCode}); the gateway follows no redirect: set the upstream's baseUrl to where it points`));
+    const what = `redirected the request (${res.statusCode}); the gateway follows no redirect: set the upstream's baseUrl to where it points`;
+    const location = typeof res.headers.location === 'string' ? redactKey(plan, res.headers.location.slice(0, 500)) : '(no location)';
+    return badResponse(quotingUpstream(badUpstreamResponse(plan.upstream.name, `${what} (the gateway's log says where)`), `upstream "${plan.upstream.name}" ${what}: ${location}`));
   }
 
   // A stream request answered with a whole completion is relayed as one (completion-as-stream.ts).
@@ -462,7 +463,11 @@ const ERROR_BODY_BYTES = 1024 * 1024;
  * echoes the request's headers in its error must not hand the gateway's key to the client.
  */
 async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<string> {
-  const text = await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => '');
+  return redactKey(plan, await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => ''));
+}
+
+/** `text` without the upstream's key in it (an upstream may echo it back). */
+function redactKey(plan: Plan, text: string): string {
   const key = plan.upstream.apiKey;
   return key && key.length >= 8 ? text.split(key).join('[redacted]') : text;
 }
