@@ -112,8 +112,9 @@ export function decodeChain(stored: string): string[] {
 const HEAD_ARRAYS_KEPT = 4096;
 /**
  * Messages those heads may hold together: a message costs ~120 bytes in memory (its hash and its
- * count), so a 7,000-message conversation's head is close to a megabyte, and 4,096 of them would
- * not fit a heap. 262,144 keeps 4,096 conversations of 64 messages (~30 MB).
+ * count; ~160 with the token digest a llama.cpp count adds), so a 7,000-message conversation's head
+ * is close to a megabyte, and 4,096 of them would not fit a heap. 262,144 keeps 4,096
+ * conversations of 64 messages (~30 MB; ~40 MB of llama.cpp ones).
  */
 export const HEAD_MESSAGES_KEPT = 262_144;
 
