@@ -77,8 +77,10 @@ export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
  * request, which resends these messages without the conversation's header, would be inferred into
  * a new conversation with a fresh run budget. What the head says the upstream has cached is what
  * it really read: a final answer read its messages without tools (so the prefix is its own, with
- * no tool offer); an upstream that failed before any output read nothing to rely on (no prefix is
- * shared with it); and its cost is no guide for the next model's estimate.
+ * no tool offer); an upstream that failed before any output read nothing to rely on — but what it
+ * held from the request before is still held, so the head shares no more than this request was
+ * credited (a retry of it is credited the same, not charged in full); and its cost is no guide for
+ * the next model's estimate.
  */
 function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: number): ConversationHead | undefined {
   if (!plan.chatCount) return undefined;
@@ -91,7 +93,7 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
     toolHash: finalAnswer ? '' : plan.toolHash,
     serverId: plan.upstream.serverId,
     chain: plan.chain,
-    prefix: o.refundAll ? plan.chatCount.prefix.map(() => 0) : plan.chatCount.prefix,
+    prefix: o.refundAll ? plan.chatCount.prefix.map((p) => Math.min(p, plan.sharedPrefixTokens)) : plan.chatCount.prefix,
     prefixDigests: o.refundAll ? null : (plan.chatCount.prefixDigests ?? null),
     lastCostUsd: o.refundAll ? null : costUsd,
     lastPromptTokens: plan.rows.sumTokens,

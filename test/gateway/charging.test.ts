@@ -40,6 +40,30 @@ async function ledgerRows(gw: { ledger: { exportRows(a: null, b: null): AsyncIte
 
 const system = { role: 'system', content: 'You are a careful research assistant. Cite your sources.' };
 
+// Regression: a request the upstream failed (refunded whole) left a head that shared nothing, so
+// the SDK's retry of it was charged its whole prompt, though the provider still held what the
+// request before had cached.
+t.test('a retry after a failed request is credited what the failed one was', async (t) => {
+  const options: Parameters<typeof startOpenAiDouble>[0] = { completionTokens: 3 };
+  const upstream = await startOpenAiDouble(options);
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const send = client(gw.url);
+  const turn1 = { model: 'gpt-4o', max_tokens: 50, messages: [system, { role: 'user', content: 'What is the capital of France? '.repeat(10) }] };
+  t.equal((await send(turn1)).status, 200);
+  const turn2 = { ...turn1, messages: [...turn1.messages, { role: 'assistant', content: ' hi hi hi' }, { role: 'user', content: 'And Spain?' }] };
+  options.failWith = { status: 429, body: { error: { message: 'Rate limit reached', type: 'requests', param: null, code: 'rate_limit_exceeded' } } };
+  const failed = await send(turn2);
+  t.equal(failed.status, 429);
+  t.ok(failed.shared > 16, `the failed request was credited turn 1's prefix (${failed.shared})`);
+  options.failWith = undefined;
+  const retry = await send(turn2);
+  t.equal(retry.status, 200);
+  t.equal(retry.conversation, failed.conversation, 'the same conversation');
+  t.equal(retry.shared, failed.shared, 'and the retry the same credit');
+  t.equal(retry.reserved, failed.reserved, 'so the same reservation');
+});
+
 t.test('a shared prefix is charged once; unused output is refunded', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);
