@@ -247,7 +247,10 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
         ? []
         : [chain[remembered.length - 1]!, ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : [])];
     const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain, likely);
-    if (found) return { conversation: found, source: 'inferred' as const };
+    // A request that names its parent is not that parent: a sub-agent forked from its parent's
+    // messages resends them, and was taken into the parent's own conversation (no child link, and
+    // the parent, its head moved, began a new conversation and run at its next turn).
+    if (found && found !== idHeader(headers, 'x-tollgate-parent')) return { conversation: found, source: 'inferred' as const };
   }
   return { conversation: `conv-${uuidV7()}`, source: 'new' as const };
 }
@@ -269,11 +272,6 @@ export function rowFigures(model: string, upstream: string, rows: RowPlan, conte
 }
 
 /**
- * The prompt tokens money is reserved for: the count, or — for the byte estimate, which is no
- * bound (a prompt may hold a token per byte, four times the estimate) — four times it, so a cap
- * holds whatever the model's tokenizer turns out to be.
- */
-/**
  * The tokens of a chat request's `prediction` content (a string, or text parts), counted as the
  * model's output would be. Where no tokenizer here knows the model, or it is out of reach, one
  * token per byte, as the prompt is held (`worstPromptTokens`): the byte estimate is no bound.
@@ -293,6 +291,11 @@ async function predictionTokens(gw: Gateway, upstream: Upstream, valid: ValidReq
   }
 }
 
+/**
+ * The prompt tokens money is reserved for: the count, or — for the byte estimate, which is no
+ * bound (a prompt may hold a token per byte, four times the estimate) — four times it, so a cap
+ * holds whatever the model's tokenizer turns out to be.
+ */
 export function worstPromptTokens(rows: Pick<RowPlan, 'countMethod' | 'sumTokens'>): number {
   return rows.countMethod === 'estimate:bytes' ? rows.sumTokens * BYTES_PER_ESTIMATED_TOKEN : rows.sumTokens;
 }

@@ -90,3 +90,22 @@ t.test('a parent named after the first holds nothing: no conversation is made fo
   // So another tenant can still use the name.
   t.equal((await chat(gw, BOB, turn('llama-local'), { 'x-tollgate-conversation': 'p-other' })).status, 200);
 });
+
+// Regression: a sub-agent forked from its parent's messages, with no conversation id of its own,
+// was inferred into the parent's own conversation — no child link, and the parent, its head moved,
+// began a new conversation and run at its next turn.
+t.test("a sub-agent that names its parent and resends the parent's messages is the parent's child, not the parent", async (t) => {
+  const { gw } = await moneyWorld(t);
+  const first = await chat(gw, ALICE, turn('llama-local'));
+  const parent = first.headers.get('x-tollgate-conversation')!;
+  const asked = turn('llama-local').messages;
+  const reply = { role: 'assistant', content: (first.body.choices as Array<{ message: { content: string } }>)[0]!.message.content };
+  const fork = { ...turn('llama-local'), messages: [...asked, reply, { role: 'user', content: 'Sub-task: look up the second source.' }] };
+  const child = await chat(gw, ALICE, fork, { 'x-tollgate-parent': parent });
+  t.equal(child.status, 200);
+  const childId = child.headers.get('x-tollgate-conversation')!;
+  t.not(childId, parent, 'a conversation of its own');
+  const next = { ...turn('llama-local'), messages: [...asked, reply, { role: 'user', content: 'Now the main question, step two.' }] };
+  const again = await chat(gw, ALICE, next);
+  t.equal(again.headers.get('x-tollgate-conversation'), parent, "the parent's next turn is still the parent's");
+});
