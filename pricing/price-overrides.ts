@@ -52,10 +52,15 @@ export function parsePriceOverrides(raw: unknown, file: string): Map<string, Mod
     if (e.cache_read_mtok !== undefined && e.cache_read_mtok !== null && !isPrice(e.cache_read_mtok)) {
       fail(`${at}.cache_read_mtok`, 'must be a non-negative number (or omitted)');
     }
+    // Admission reserves a prompt at the input price, as if none of it were cached: a cache-read
+    // price above it (0.25 typed 25) makes that no bound, and a cap is crossed by a cache hit.
+    if (typeof e.cache_read_mtok === 'number' && typeof e.input_mtok === 'number' && e.cache_read_mtok > e.input_mtok) {
+      fail(`${at}.cache_read_mtok`, `must not be above input_mtok (${e.cache_read_mtok} > ${e.input_mtok}): a cached token costs no more than an uncached one`);
+    }
     if (e.source !== undefined && e.source !== null && typeof e.source !== 'string') {
       fail(`${at}.source`, 'must be a string');
     }
-    if (typeof e.date !== 'string' || !DATE.test(e.date) || Number.isNaN(Date.parse(e.date))) {
+    if (typeof e.date !== 'string' || !DATE.test(e.date) || !isCalendarDate(e.date)) {
       fail(`${at}.date`, 'must be a date written YYYY-MM-DD (when the price was read)');
     }
     out.set(model, {
@@ -70,6 +75,12 @@ export function parsePriceOverrides(raw: unknown, file: string): Map<string, Mod
     });
   }
   return out;
+}
+
+/** A YYYY-MM-DD that names a day of the calendar (`Date.parse` takes 2026-02-30 for March 2). */
+function isCalendarDate(text: string): boolean {
+  const at = new Date(`${text}T00:00:00Z`);
+  return !Number.isNaN(at.getTime()) && at.toISOString().slice(0, 10) === text;
 }
 
 /** Read and validate the override file at `path`. */

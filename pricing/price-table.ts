@@ -73,8 +73,10 @@ const LOOKUP_CACHE_MAX = 4096;
 export class PriceTable {
   private readonly overrides: ReadonlyMap<string, ModelPrice>;
   /**
-   * Overrides by the catalogue model their name resolves to (`gpt-4o` → `gpt-4o`): a name the
-   * catalogue resolves to that model (`gpt-4o-2024-08-06`) gets the override too.
+   * Overrides written under a catalogue model's own name (`gpt-4o`): every name the catalogue
+   * resolves to that model (`gpt-4o-2024-08-06`) gets the override too. An override under a more
+   * particular name (a snapshot, `gpt-4o-2024-08-06`; a product the catalogue folds into a model,
+   * `gpt-4o-mini-search-preview`) holds that name alone.
    */
   private readonly overridesByCatalogueModel = new Map<string, ModelPrice>();
   private readonly recent = new Map<string, { price: ModelPrice | null; at: number }>();
@@ -87,9 +89,10 @@ export class PriceTable {
       const found = this.catalogueLookup(name, {});
       if (found === null) continue;
       const model = withoutVendor(found.model);
-      // Two overrides of one catalogue model: the one named as the catalogue names it wins, else
-      // the first in the file.
-      if (!this.overridesByCatalogueModel.has(model) || withoutVendor(name) === model) this.overridesByCatalogueModel.set(model, price);
+      // Filed under a model by a name more particular than it, an override priced the model
+      // itself and every other name of it: a search-preview price on every gpt-4o-mini turn
+      // (67× its price), one snapshot's price on the others.
+      if (withoutVendor(name).toLowerCase() === model.toLowerCase()) this.overridesByCatalogueModel.set(model, price);
     }
   }
 

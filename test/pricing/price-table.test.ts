@@ -84,6 +84,7 @@ t.test('an override wins for every name the catalogue resolves to its model (reg
       models: {
         'gpt-4o': { input_mtok: 3, cache_read_mtok: 1, output_mtok: 12, date: '2026-01-15' },
         'gpt-4o-mini-2024-07-18': { input_mtok: 0.2, output_mtok: 0.8, date: '2026-01-15' },
+        'gpt-4o-mini-search-preview': { input_mtok: 10, output_mtok: 40, date: '2026-10-01', source: 'search contract' },
         'house-model': { input_mtok: 0.5, output_mtok: 1.5, date: '2026-02-01' },
       },
     }),
@@ -95,8 +96,11 @@ t.test('an override wins for every name the catalogue resolves to its model (reg
     const p = table.lookup(name);
     t.match(p, { model: 'gpt-4o', inputMtok: 3, source: `override:${file}`, date: '2026-01-15' }, name);
   }
-  // 2. An override written under a dated name holds its whole catalogue model too.
-  t.match(table.lookup('gpt-4o-mini'), { model: 'gpt-4o-mini-2024-07-18', inputMtok: 0.2 }, 'gpt-4o-mini is the catalogue model of the dated override');
+  // 2. An override written under a more particular name holds that name alone. Regression: it
+  // priced the model the catalogue folds it into, and every other name of that model.
+  t.match(table.lookup('gpt-4o-mini-2024-07-18'), { model: 'gpt-4o-mini-2024-07-18', inputMtok: 0.2 });
+  t.match(table.lookup('gpt-4o-mini-search-preview'), { inputMtok: 10, source: `override:${file}` });
+  t.match(table.lookup('gpt-4o-mini'), { inputMtok: 0.15, source: /^genai-prices@/ }, 'not gpt-4o-mini itself: the catalogue price');
   // 3. A snapshot the catalogue prices apart is not gpt-4o; a name the catalogue does not know
   // keeps its exact-name override only.
   t.match(table.lookup('gpt-4o-2024-05-13'), { model: 'gpt-4o-2024-05-13', inputMtok: 5, source: /^genai-prices@/ });
@@ -111,6 +115,9 @@ t.test('override validation names the field', async (t) => {
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, cache_read_mtok: NaN, date: '2026-01-01' } } }, /prices\.models\["x"\]\.cache_read_mtok/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2 } } }, /prices\.models\["x"\]\.date: must be a date/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: 'yesterday' } } }, /\.date/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-02-30' } } }, /prices\.models\["x"\]\.date: must be a date/);
+  // Admission reserves input at the uncached price: a dearer cache read would make that no bound.
+  bad({ models: { x: { input_mtok: 2.5, cache_read_mtok: 25, output_mtok: 10, date: '2026-01-01' } } }, /prices\.models\["x"\]\.cache_read_mtok: must not be above input_mtok \(25 > 2\.5\)/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', input_mtoks: 1 } } }, /prices\.models\["x"\]\.input_mtoks: unknown field/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', source: 7 } } }, /\.source: must be a string/);
   bad({ models: [] }, /^prices\.models: must be an object/);
