@@ -108,18 +108,24 @@ export interface ExcerptOptions {
   id?: string;
   /** Seconds since the epoch. */
   created?: number;
+  /**
+   * The request asked for structured output (`response_format: json_schema`): the excerpt, which
+   * is no such output, goes in the message's `refusal`, with `content` null — as a model declining
+   * the schema answers. The SDKs' parse helpers then return no parsed value rather than throw on
+   * text that is not JSON.
+   */
+  asRefusal?: boolean;
 }
 
 /** A non-streamed `chat.completion` carrying the excerpt: finish_reason `stop`, no tool calls. */
 export function excerptCompletion(model: string, text: string, opts: ExcerptOptions = {}): Record<string, unknown> {
+  const message = opts.asRefusal ? { role: 'assistant', content: null, refusal: text } : { role: 'assistant', content: text, refusal: null };
   return {
     id: opts.id ?? newId(),
     object: 'chat.completion',
     created: opts.created ?? nowSeconds(),
     model,
-    choices: [
-      { index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: 'stop' },
-    ],
+    choices: [{ index: 0, message, logprobs: null, finish_reason: 'stop' }],
   };
 }
 
@@ -142,8 +148,9 @@ export function excerptStreamChunks(
     choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   });
-  const chunks = [chunk({ role: 'assistant', content: '' }, null)];
-  for (const piece of splitText(text, STREAM_PIECE_CHARS)) chunks.push(chunk({ content: piece }, null));
+  const field = opts.asRefusal ? 'refusal' : 'content';
+  const chunks = [chunk(opts.asRefusal ? { role: 'assistant', content: null, refusal: '' } : { role: 'assistant', content: '' }, null)];
+  for (const piece of splitText(text, STREAM_PIECE_CHARS)) chunks.push(chunk({ [field]: piece }, null));
   chunks.push(chunk({}, 'stop'));
   return chunks;
 }

@@ -3,6 +3,7 @@
 // evidence and not an answer, with `x-tollgate-fallback: evidence-excerpt` (SPEC §5, §11).
 
 import t from 'tap';
+import OpenAI from 'openai';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
 import { EXCERPT_FIRST_LINE } from '../../metering/runs/evidence-excerpt.js';
@@ -166,4 +167,33 @@ for (const stream of [false, true]) {
       t.equal(chatRequests(upstream).length, 2, 'the final turn reached the upstream once: no retries');
     });
   }
+}
+
+// Regression: a client that asked for structured output got the excerpt as content, which is no
+// JSON, and the SDK's parse helper threw on it. It is the message's refusal now.
+for (const stream of [false, true]) {
+  t.test(`a final turn of a request for structured output falls back to the excerpt as a refusal (${stream ? 'streamed' : 'non-streamed'})`, async (t) => {
+    const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"again"}' }] });
+    t.teardown(upstream.close);
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+    const sdk = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+    const body = {
+      model: 'gpt-4o-mini',
+      max_tokens: 100,
+      messages: [
+        { role: 'user' as const, content: 'What does Tollgate meter?' },
+        { role: 'assistant' as const, content: null, tool_calls: [{ id: 'c1', type: 'function' as const, function: { name: 'search', arguments: '{"q":"tollgate"}' } }] },
+        { role: 'tool' as const, tool_call_id: 'c1', content: 'Tollgate meters tokens and money.' },
+      ],
+      tools: [{ type: 'function' as const, function: { name: 'search', strict: true, parameters: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'], additionalProperties: false } } }],
+      response_format: { type: 'json_schema' as const, json_schema: { name: 'answer', strict: true, schema: { type: 'object', properties: { a: { type: 'string' } }, required: ['a'], additionalProperties: false } } },
+    };
+    const message = stream
+      ? (await sdk.chat.completions.stream(body).finalChatCompletion()).choices[0]!.message
+      : (await sdk.chat.completions.parse(body)).choices[0]!.message;
+    t.equal(message.content, null, 'no content to parse');
+    t.equal(message.refusal?.split('\n')[0], EXCERPT_FIRST_LINE, 'the labelled excerpt, as a refusal');
+    t.match(message.refusal ?? '', /Tollgate meters tokens and money\./);
+    if (!stream) t.equal((message as { parsed?: unknown }).parsed, null, 'parse() gives no parsed value, and does not throw');
+  });
 }
