@@ -209,18 +209,21 @@ export function chainHashes(messages: readonly ChatMessage[], known: readonly st
  * turn (a clock line, a changed instruction) does not start a new run with a fresh budget and
  * clock (seed 000: such a turn is charged in full, against the same research), and neither does
  * history compacted during the research (earlier turns replaced by a summary). With no user
- * message at all a conversation has one run: an agent that keeps its task in a system prompt and
- * rewrites it as it compacts (a summary folded in) would otherwise start a run with a fresh budget
- * and clock at each compaction. Combine it with the conversation id: two conversations asking the
- * same question have the same key.
+ * message at all the key covers the leading messages before the first assistant or tool turn (the
+ * system prompt), which is as stable as such a client allows. Combine it with the conversation id:
+ * two conversations asking the same question have the same key.
  */
-export function runKey(messages: readonly ChatMessage[]): string {
+export function runKey(messages: readonly ChatMessage[], chain?: readonly string[]): string {
   const lastUser = findLastUserIndex(messages);
-  if (lastUser < 0) return NO_QUESTION;
-  const question = messages[lastUser]!;
-  let occurrence = 1;
-  for (let i = 0; i < lastUser; i++) if (messages[i]!.role === 'user' && canonicalEqual(messages[i], question)) occurrence++;
-  return sha256Hex(`question ${occurrence} ${messageDigest(question)}`);
+  if (lastUser >= 0) {
+    const question = messages[lastUser]!;
+    let occurrence = 1;
+    for (let i = 0; i < lastUser; i++) if (messages[i]!.role === 'user' && canonicalEqual(messages[i], question)) occurrence++;
+    return sha256Hex(`question ${occurrence} ${messageDigest(question)}`);
+  }
+  let anchor = messages.findIndex((m) => m.role === 'assistant' || m.role === 'tool') - 1;
+  if (anchor < -1) anchor = messages.length - 1;
+  if (anchor < 0) return sha256Hex('');
+  // A caller that already has the chain of `messages` passes it: each link covers only its prefix.
+  return (chain ?? chainHashes(messages.slice(0, anchor + 1)))[anchor]!;
 }
-
-const NO_QUESTION = sha256Hex('no question');

@@ -395,7 +395,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
   // A run's id starts with its conversation's, so a conversation's runs sit together in the
   // ledger's index (and a new conversation's id grows with time: ADR 0015).
-  const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages)}`).slice(0, 32)}` : `req-${uuidV7()}`;
+  const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
   const runState = messages && source !== 'new' ? await gw.ledger.getRun(run) : null;
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const combined = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
