@@ -247,10 +247,13 @@ async function resolveConversation(gw: Gateway, headers: Headers, principal: Pri
         ? []
         : [chain[remembered.length - 1]!, ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : [])];
     const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain, likely);
-    // A request that names its parent is not that parent: a sub-agent forked from its parent's
-    // messages resends them, and was taken into the parent's own conversation (no child link, and
-    // the parent, its head moved, began a new conversation and run at its next turn).
-    if (found && found !== idHeader(headers, 'x-tollgate-parent')) return { conversation: found, source: 'inferred' as const };
+    // A request that names its parent belongs to a child of that parent: a sub-agent forked from
+    // its parent's messages resends them, and was taken into the parent's own conversation (or, a
+    // level down, the grandparent's) — no child link, and the parent, its head moved, began a new
+    // conversation and run at its next turn. It is inferred only into a conversation whose parent
+    // is the one it names.
+    const parent = idHeader(headers, 'x-tollgate-parent');
+    if (found && (parent === null || (await gw.ledger.conversationSpend(found))?.parent === parent)) return { conversation: found, source: 'inferred' as const };
   }
   return { conversation: `conv-${uuidV7()}`, source: 'new' as const };
 }

@@ -98,7 +98,9 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
     lastCostUsd: o.refundAll ? null : costUsd,
     lastPromptTokens: plan.rows.sumTokens,
     lastOutputTokens: generated,
-    time: plan.time,
+    // What the provider holds was last read by the request before a failed one: the cache's age
+    // (`prefixCacheTtlSeconds`) runs from then, not from a failure that read nothing.
+    time: o.refundAll && plan.head ? plan.head.time : plan.time,
   };
 }
 

@@ -64,6 +64,29 @@ t.test('a retry after a failed request is credited what the failed one was', asy
   t.equal(retry.reserved, failed.reserved, 'so the same reservation');
 });
 
+// Review: the head a failure left carried the failure's time, so failures kept the cache's age
+// young and a request long after the last read was credited a prefix the provider had dropped.
+t.test("failures do not keep a cached prefix alive past its lifetime", async (t) => {
+  const options: Parameters<typeof startOpenAiDouble>[0] = { completionTokens: 3 };
+  const upstream = await startOpenAiDouble(options);
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { prefixCacheTtlSeconds: 300 })] }, { clock: true });
+  const send = client(gw.url);
+  const headers = { 'x-tollgate-conversation': 'ttl' };
+  const turn1 = { model: 'gpt-4o', max_tokens: 50, messages: [system, { role: 'user', content: 'What is the capital of France? '.repeat(10) }] };
+  t.equal((await send(turn1, headers)).status, 200);
+  const turn2 = { ...turn1, messages: [...turn1.messages, { role: 'assistant', content: ' hi hi hi' }, { role: 'user', content: 'And Spain?' }] };
+  options.failWith = { status: 429, body: { error: { message: 'Rate limit reached', type: 'requests', param: null, code: 'rate_limit_exceeded' } } };
+  for (let i = 0; i < 4; i++) {
+    gw.now.ms += 200_000;
+    t.equal((await send(turn2, headers)).status, 429);
+  }
+  options.failWith = undefined;
+  const late = await send(turn2, headers);
+  t.equal(late.status, 200);
+  t.equal(late.shared, 0, '800 s after the last read: nothing is cached any more');
+});
+
 t.test('a shared prefix is charged once; unused output is refunded', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);

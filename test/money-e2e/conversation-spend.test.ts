@@ -108,4 +108,12 @@ t.test("a sub-agent that names its parent and resends the parent's messages is t
   const next = { ...turn('llama-local'), messages: [...asked, reply, { role: 'user', content: 'Now the main question, step two.' }] };
   const again = await chat(gw, ALICE, next);
   t.equal(again.headers.get('x-tollgate-conversation'), parent, "the parent's next turn is still the parent's");
+  // A level down: a grandchild names the child and resends the parent's latest messages.
+  const grandchild = await chat(gw, ALICE, { ...next, messages: [...next.messages, { role: 'assistant', content: 'on it' }, { role: 'user', content: 'Sub-sub-task.' }] }, { 'x-tollgate-parent': childId });
+  const grandchildId = grandchild.headers.get('x-tollgate-conversation')!;
+  t.not(grandchildId, parent, "not the grandparent's conversation");
+  t.not(grandchildId, childId);
+  // And the child, going on without its id, is still the child.
+  const childNext = await chat(gw, ALICE, { ...fork, messages: [...fork.messages, { role: 'assistant', content: 'found it' }, { role: 'user', content: 'Next source.' }] }, { 'x-tollgate-parent': parent });
+  t.equal(childNext.headers.get('x-tollgate-conversation'), childId);
 });
