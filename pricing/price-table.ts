@@ -73,12 +73,14 @@ const LOOKUP_CACHE_MAX = 4096;
 export class PriceTable {
   private readonly overrides: ReadonlyMap<string, ModelPrice>;
   /**
-   * Overrides written under a catalogue model's own name (`gpt-4o`): every name the catalogue
-   * resolves to that model (`gpt-4o-2024-08-06`) gets the override too. An override under a more
-   * particular name (a snapshot, `gpt-4o-2024-08-06`; a product the catalogue folds into a model,
-   * `gpt-4o-mini-search-preview`) holds that name alone.
+   * Overrides by the catalogue model their name resolves to, for the names the catalogue takes for
+   * that model. An override written under the model's own name (`gpt-4o`, or its `-latest` alias:
+   * `mistral-large-latest` for `mistral-large`) prices every such name (`gpt-4o-2024-08-06`). One
+   * under a more particular name — a snapshot (`gpt-4o-2024-08-06`), a product the catalogue folds
+   * into a model (`gpt-4o-mini-search-preview`) — prices that name and its own snapshots
+   * (`gpt-4o-mini-search-preview-2025-03-11`), whatever their case, and not the model.
    */
-  private readonly overridesByCatalogueModel = new Map<string, ModelPrice>();
+  private readonly overridesByCatalogueModel = new Map<string, Array<{ name: string; general: boolean; price: ModelPrice }>>();
   private readonly recent = new Map<string, { price: ModelPrice | null; at: number }>();
   readonly catalogueSource: string;
 
@@ -88,11 +90,14 @@ export class PriceTable {
     for (const [name, price] of overrides) {
       const found = this.catalogueLookup(name, {});
       if (found === null) continue;
-      const model = withoutVendor(found.model);
-      // Filed under a model by a name more particular than it, an override priced the model
-      // itself and every other name of it: a search-preview price on every gpt-4o-mini turn
-      // (67× its price), one snapshot's price on the others.
-      if (withoutVendor(name).toLowerCase() === model.toLowerCase()) this.overridesByCatalogueModel.set(model, price);
+      const model = withoutVendor(found.model).toLowerCase();
+      const own = withoutVendor(name).toLowerCase();
+      // Filed under its model whatever its name, an override priced the model and every other name
+      // of it: a search-preview price on every gpt-4o-mini turn (67× its price).
+      const general = own.replace(/-latest$/, '') === model;
+      const list = this.overridesByCatalogueModel.get(model) ?? [];
+      list.push({ name: own, general, price });
+      this.overridesByCatalogueModel.set(model, list);
     }
   }
 
@@ -131,7 +136,16 @@ export class PriceTable {
     // (SPEC §7): a dated `gpt-4o-2024-08-06` is the catalogue's `gpt-4o`, and must not slip past an
     // override of `gpt-4o` to the bundled price. The price shown keeps the override's own name.
     const found = this.catalogueLookup(model, opts);
-    return found === null ? null : (this.overridesByCatalogueModel.get(withoutVendor(found.model)) ?? found);
+    if (found === null) return null;
+    const carried = this.overridesByCatalogueModel.get(withoutVendor(found.model).toLowerCase());
+    if (carried === undefined) return found;
+    // The most particular override this name is, or is a snapshot of; else the model's own.
+    const asked = withoutVendor(model).toLowerCase();
+    let best: { name: string; price: ModelPrice } | null = null;
+    for (const o of carried) {
+      if ((asked === o.name || asked.startsWith(`${o.name}-`)) && (best === null || o.name.length > best.name.length)) best = o;
+    }
+    return (best ?? carried.find((o) => o.general))?.price ?? found;
   }
 
   /** The catalogue's price for `model`, tried the ways its names can be written; null if unknown. */

@@ -85,6 +85,7 @@ t.test('an override wins for every name the catalogue resolves to its model (reg
         'gpt-4o': { input_mtok: 3, cache_read_mtok: 1, output_mtok: 12, date: '2026-01-15' },
         'gpt-4o-mini-2024-07-18': { input_mtok: 0.2, output_mtok: 0.8, date: '2026-01-15' },
         'gpt-4o-mini-search-preview': { input_mtok: 10, output_mtok: 40, date: '2026-10-01', source: 'search contract' },
+        'mistral-large-latest': { input_mtok: 1.5, output_mtok: 5, date: '2026-10-01' },
         'house-model': { input_mtok: 0.5, output_mtok: 1.5, date: '2026-02-01' },
       },
     }),
@@ -101,6 +102,11 @@ t.test('an override wins for every name the catalogue resolves to its model (reg
   t.match(table.lookup('gpt-4o-mini-2024-07-18'), { model: 'gpt-4o-mini-2024-07-18', inputMtok: 0.2 });
   t.match(table.lookup('gpt-4o-mini-search-preview'), { inputMtok: 10, source: `override:${file}` });
   t.match(table.lookup('gpt-4o-mini'), { inputMtok: 0.15, source: /^genai-prices@/ }, 'not gpt-4o-mini itself: the catalogue price');
+  // … but its own snapshots, in any case, are that product.
+  t.match(table.lookup('gpt-4o-mini-search-preview-2025-03-11'), { inputMtok: 10 }, "the product's snapshot");
+  t.match(table.lookup('GPT-4o-mini-search-preview'), { inputMtok: 10 }, 'the same name in capitals');
+  // A `-latest` alias is its model's own name: it prices the model's snapshots.
+  t.match(table.lookup('mistral-large-2411'), { inputMtok: 1.5, source: `override:${file}` }, 'mistral-large-latest prices mistral-large-2411');
   // 3. A snapshot the catalogue prices apart is not gpt-4o; a name the catalogue does not know
   // keeps its exact-name override only.
   t.match(table.lookup('gpt-4o-2024-05-13'), { model: 'gpt-4o-2024-05-13', inputMtok: 5, source: /^genai-prices@/ });
