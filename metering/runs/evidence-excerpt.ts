@@ -117,6 +117,12 @@ export interface ExcerptOptions {
   asRefusal?: boolean;
 }
 
+/** Whether a request's excerpt goes as a refusal: it asked for structured output (`response_format: json_schema`). */
+export function excerptAsRefusal(body: Record<string, unknown>): boolean {
+  const format = body.response_format as { type?: unknown } | null | undefined;
+  return format?.type === 'json_schema';
+}
+
 /** A non-streamed `chat.completion` carrying the excerpt: finish_reason `stop`, no tool calls. */
 export function excerptCompletion(model: string, text: string, opts: ExcerptOptions = {}): Record<string, unknown> {
   const message = opts.asRefusal ? { role: 'assistant', content: null, refusal: text } : { role: 'assistant', content: text, refusal: null };

@@ -21,12 +21,15 @@ export function upstreamPath(plan: Plan): string {
 }
 
 /**
- * OpenAI's own API and Azure's (`api.openai.com`, `eu.api.openai.com`, `*.openai.azure.com`,
- * Azure AI Foundry's hosts), where every chat model reads `max_completion_tokens`.
+ * Where `max_completion_tokens` is read: OpenAI's own API (`api.openai.com`, `eu.api.openai.com`)
+ * for every model; Azure's OpenAI and AI Foundry hosts for OpenAI's models only (Foundry also
+ * serves Mistral, Llama and DeepSeek, through an API that reads `max_tokens`).
  */
-function isOpenAiItself(origin: string): boolean {
+function readsCompletionTokens(origin: string, model: string): boolean {
   const host = origin.slice(origin.indexOf('//') + 2).replace(/:\d+$/, '').toLowerCase();
-  return host === 'api.openai.com' || host.endsWith('.api.openai.com') || /\.(openai|cognitiveservices)\.azure\.com$/.test(host) || host.endsWith('.services.ai.azure.com');
+  if (host === 'api.openai.com' || host.endsWith('.api.openai.com')) return true;
+  const azure = /\.(openai|cognitiveservices)\.azure\.com$/.test(host) || host.endsWith('.services.ai.azure.com');
+  return azure && /^(gpt-|o\d|chatgpt-)/.test(model.toLowerCase());
 }
 
 /**
@@ -52,7 +55,7 @@ export function allowanceFieldOf(plan: Pick<Plan, 'upstream' | 'valid'>): 'max_t
   if (config.kind === 'llamacpp' || plan.valid.kind !== 'chat') return 'max_tokens';
   if (config.allowanceField !== null) return config.allowanceField;
   if (plan.valid.maxTokensField) return plan.valid.maxTokensField;
-  return isOpenAiItself(origin) || isOpenAiReasoningModel(plan.valid.model) ? 'max_completion_tokens' : 'max_tokens';
+  return readsCompletionTokens(origin, plan.valid.model) || isOpenAiReasoningModel(plan.valid.model) ? 'max_completion_tokens' : 'max_tokens';
 }
 
 export function upstreamBody(plan: Plan): Record<string, unknown> {

@@ -12,7 +12,7 @@ import { contentChunk } from './sse-content-chunk.js';
 import { OutputMeter, answerText, deltaText, writtenText } from './output-meter.js';
 import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
-import { evidenceExcerpt } from '../../metering/runs/evidence-excerpt.js';
+import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-excerpt.js';
 import { badUpstreamStream } from './forward.js';
 import { errorEnvelopeOf, upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
@@ -162,7 +162,7 @@ export async function relayStream(
       return false;
     }
     if (event.event === 'error') {
-      out.upstreamError = errorOf(event.data);
+      out.upstreamError = errorOf(event.data, plan.upstream.name);
       return false;
     }
     // Data in one line can be passed on as `data: <it>`; data that came in several `data:` lines
@@ -354,7 +354,9 @@ export async function relayStream(
     const failed = out.upstreamLost || out.upstreamError !== null;
     if ((out.toolsProposed || failed) && out.visibleText && !out.clientGone) {
       const content = `\n\n${evidenceExcerpt(plan.valid.messages ?? [])}`;
-      for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { content }, finish_reason: null }] }));
+      // For structured output, as a refusal: the SDKs parse content as JSON, which this is not.
+      const field = excerptAsRefusal(plan.valid.body) ? 'refusal' : 'content';
+      for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { [field]: content }, finish_reason: null }] }));
       out.excerptAppended = true;
     }
   }
@@ -438,14 +440,16 @@ const SHUTTING_DOWN: Json = {
 };
 
 /** The error an upstream's `event: error` carries, in the OpenAI shape. */
-function errorOf(data: string): Json {
+/** An `event: error`'s data, in the envelope every other upstream error gets (upstream-error-body.ts). */
+function errorOf(data: string, upstream: string): Json {
+  let e: Json = { message: data };
   try {
     const parsed: unknown = JSON.parse(data);
-    if (isObject(parsed)) return isObject(parsed.error) ? parsed.error : parsed;
+    if (isObject(parsed)) e = isObject(parsed.error) ? parsed.error : (upstreamErrorIn(parsed) ?? parsed);
   } catch {
     // not JSON: the text is the message
   }
-  return { message: data, type: 'upstream_error', param: null, code: null };
+  return errorEnvelopeOf(e, upstream).error;
 }
 
 /** A choice whose only output is plain text (content, or a completion's text); null is the fast path's content chunk. */

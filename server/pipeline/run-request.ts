@@ -21,7 +21,7 @@ import { settle as settleOutcome, pricierFor, providerOutputTrusted, type Outcom
 import { sseData } from './sse.js';
 import { completionChunks } from './completion-as-stream.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
-import { evidenceExcerpt, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
+import { evidenceExcerpt, excerptAsRefusal, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
 import { clientPrincipal } from '../auth-hooks.js';
 
@@ -359,7 +359,7 @@ async function relayAdmitted(
     let meta = streamed.meta;
     if (fallback) {
       const text = evidenceExcerpt(plan.valid.messages ?? []);
-      const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: wantsSchema(plan) });
+      const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body) });
       for (const chunk of chunks) raw.write(sseData(chunk));
       const { choices: _c, ...first } = chunks[0] as Record<string, unknown>;
       meta = first;
@@ -389,12 +389,6 @@ async function relayAdmitted(
   finishLog(outcome.status);
 }
 
-/** Whether the request asked for structured output (the excerpt then goes as a refusal). */
-function wantsSchema(plan: Plan): boolean {
-  const format = plan.valid.body.response_format as { type?: unknown } | null | undefined;
-  return format?.type === 'json_schema';
-}
-
 /** The final turn failed, came back empty or only proposed tools: answer with the labelled excerpt. */
 function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: string[], settled: Settled, finishLog: (s: number) => void): void {
   gw.metrics.fallback.inc();
@@ -402,11 +396,11 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   const headers = { ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), 'x-tollgate-fallback': 'evidence-excerpt' };
   finishLog(200);
   if (!plan.valid.stream) {
-    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text, { asRefusal: wantsSchema(plan) }));
+    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body) }));
     return;
   }
   let body = '';
-  const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: wantsSchema(plan) });
+  const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body) });
   for (const chunk of chunks) body += sseData(chunk);
   // The model generated nothing here (its turn failed): usage says so, if the client asked for it.
   if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } });

@@ -13,11 +13,16 @@ function isObject(v: unknown): v is Json {
 /**
  * The error object an upstream's body carries, as `{message, …its other fields}` with `message` a
  * string; null when the body is no error (or not an object). Only the shapes above are read: a body
- * with choices or data is an answer, whatever else it has.
+ * with choices or data is an answer, whatever else it has — but for a choice finished with "error".
  */
 export function upstreamErrorIn(body: unknown): Json | null {
-  if (!isObject(body) || Array.isArray(body.choices) || Array.isArray(body.data)) return null;
+  if (!isObject(body)) return null;
   const { error } = body;
+  // OpenRouter says a failure part way beside the choice it ended, with `finish_reason: "error"`.
+  if (isObject(error) && Array.isArray(body.choices) && body.choices.some((c) => isObject(c) && c.finish_reason === 'error')) {
+    return { ...error, message: messageText(error.message) };
+  }
+  if (Array.isArray(body.choices) || Array.isArray(body.data)) return null;
   if (isObject(error)) return { ...error, message: messageText(error.message) };
   if (typeof error === 'string') return { message: error };
   if (body.object === 'error') {

@@ -78,6 +78,7 @@ t.test('the allowance travels in the field the upstream reads', async (t) => {
     t.equal(at(host), 'max_completion_tokens', host);
   }
   t.equal(at('https://api.mistral.ai'), 'max_tokens');
+  t.equal(at('https://proj.services.ai.azure.com', 'Mistral-Large-2411'), 'max_tokens', "Foundry's other vendors read max_tokens");
   for (const model of ['o1', 'o3-mini', 'o4-mini-2025-04-16', 'gpt-5', 'gpt-5.1-codex']) {
     t.equal(at('https://gateway.example.test/v1', model), 'max_completion_tokens', `${model} behind a proxy: its reasoning models refuse max_tokens`);
   }

@@ -301,6 +301,22 @@ t.test("OpenRouter's error chunk (beside a choice finished with \"error\") befor
   t.match(row, { status: 502, charge_tokens: 0 });
 });
 
+t.test("OpenRouter's error beside a choice finished with \"error\", not streamed: a failure, refunded whole", async (t) => {
+  const failure = { ...ID, object: 'chat.completion', error: { code: 502, message: 'Provider disconnected' }, choices: [{ index: 0, message: { role: 'assistant', content: '' }, finish_reason: 'error' }] };
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(failure)] }));
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(ask()) });
+  t.equal(res.status, 502);
+  t.match(await res.json(), { error: { code: 'upstream_bad_response', message: /Provider disconnected/ } });
+  const [row] = await rows(gw);
+  t.match(row, { status: 502, charge_tokens: 0 });
+});
+
+t.test('an `event: error` reaches the client in the envelope every other upstream error gets', async (t) => {
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [chunk({ content: 'Hi' }), `event: error\ndata: ${JSON.stringify({ error: 'boom', error_type: 'overloaded' })}\n\n`] }));
+  const { text } = await post(gw, ask({ stream: true }));
+  t.match(dataEvents(t, text).at(-1), { error: { message: 'boom', type: 'upstream_error', code: 'upstream_error', param: null, upstream: 'openai' } });
+});
+
 // A server that names a finish in every chunk: none of its finishes says the answer is whole.
 t.test('a server that names a finish in every chunk and then drops the connection: the answer was broken off', async (t) => {
   const stop = (w: string) => `data: ${JSON.stringify({ ...ID, choices: [{ index: 0, delta: { content: w }, finish_reason: 'stop' }] })}\n\n`;

@@ -197,3 +197,30 @@ for (const stream of [false, true]) {
     if (!stream) t.equal((message as { parsed?: unknown }).parsed, null, 'parse() gives no parsed value, and does not throw');
   });
 }
+
+// Review: text that had already gone out when the final turn proposed tools again was followed by
+// the excerpt as content, and the SDK's stream helper threw parsing it all as JSON.
+t.test('a streamed final turn for structured output that wrote text, then proposed tools: the excerpt follows as a refusal', async (t) => {
+  const upstream = await startOpenAiDouble({ toolCalls: () => [{ name: 'search', arguments: '{"q":"again"}' }], toolCallText: 'Let me search once more.' });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1 } });
+  const sdk = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
+  const message = (
+    await sdk.chat.completions
+      .stream({
+        model: 'gpt-4o-mini',
+        max_tokens: 100,
+        messages: [
+          { role: 'user', content: 'What does Tollgate meter?' },
+          { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{"q":"tollgate"}' } }] },
+          { role: 'tool', tool_call_id: 'c1', content: 'Tollgate meters tokens and money.' },
+        ],
+        tools: [{ type: 'function', function: { name: 'search', strict: true, parameters: { type: 'object', properties: { q: { type: 'string' } }, required: ['q'], additionalProperties: false } } }],
+        response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema: { type: 'object', properties: { a: { type: 'string' } }, required: ['a'], additionalProperties: false } } },
+      })
+      .finalChatCompletion()
+  ).choices[0]!.message;
+  t.equal(message.content, 'Let me search once more.', 'the text that went out');
+  t.match(message.refusal ?? '', new RegExp(EXCERPT_FIRST_LINE.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')), 'then the excerpt, as a refusal');
+  t.equal((message as { parsed?: unknown }).parsed, null, 'and nothing parsed, nothing thrown');
+});
