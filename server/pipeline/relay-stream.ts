@@ -439,7 +439,6 @@ const SHUTTING_DOWN: Json = {
   code: 'shutting_down',
 };
 
-/** The error an upstream's `event: error` carries, in the OpenAI shape. */
 /** An `event: error`'s data, in the envelope every other upstream error gets (upstream-error-body.ts). */
 function errorOf(data: string, upstream: string): Json {
   let e: Json = { message: data };
