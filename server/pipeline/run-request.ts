@@ -375,15 +375,8 @@ async function relayAdmitted(
       // llama.cpp's `timings` ride on its usage chunk, as the server sends them (fixtures/llamacpp).
       raw.write(sseData({ ...meta, choices: [], usage, ...(streamed.timings ? { timings: streamed.timings } : {}) }));
     }
-    const trailer: Record<string, unknown> = {
-      charge_tokens: settled.chargeTokens,
-      refund_tokens: settled.refundTokens,
-      cost_usd: settled.costUsd,
-    };
-    if (settled.notices.length > 0) trailer.notices = settled.notices;
-    if (fallback || streamed.excerptAppended) trailer.fallback = 'evidence-excerpt';
     if (streamed.excerptAppended) gw.metrics.fallback.inc();
-    raw.write(`: tollgate ${JSON.stringify(trailer)}\n\n`);
+    raw.write(closingComment(settled, fallback || streamed.excerptAppended));
     raw.end('data: [DONE]\n\n');
   }
   finishLog(outcome.status);
@@ -404,9 +397,17 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   for (const chunk of chunks) body += sseData(chunk);
   // The model generated nothing here (its turn failed): usage says so, if the client asked for it.
   if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } });
-  body += `: tollgate ${JSON.stringify({ charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd, fallback: 'evidence-excerpt' })}\n\n`;
+  body += closingComment(settled, true);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}
+
+/** A stream's closing comment (SPEC §11): the settled figures, the notices, and whether the excerpt answered. */
+function closingComment(settled: Settled, fallback: boolean): string {
+  const trailer: Record<string, unknown> = { charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd };
+  if (settled.notices.length > 0) trailer.notices = settled.notices;
+  if (fallback) trailer.fallback = 'evidence-excerpt';
+  return `: tollgate ${JSON.stringify(trailer)}\n\n`;
 }
 
 /**
@@ -421,9 +422,7 @@ function sendAsStream(plan: Plan, reply: FastifyReply, json: Awaited<ReturnType<
     const { choices: _c, ...meta } = chunks[0] ?? {};
     body += sseData({ ...meta, choices: [], usage });
   }
-  const trailer: Record<string, unknown> = { charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd };
-  if (settled.notices.length > 0) trailer.notices = settled.notices;
-  body += `: tollgate ${JSON.stringify(trailer)}\n\n`;
+  body += closingComment(settled, false);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
 }
