@@ -107,6 +107,14 @@ export interface Settlement {
   savedUsd: number | null;
   /** List-price value of a `plan` turn's work ("of work"), else null. */
   planWorkUsd: number | null;
+  /**
+   * Where `costUsd` came from: `provider` (its own figure), `list-price`, `local`, `plan`,
+   * `unpriced` (null cost), `refunded` (an upstream that failed before any output).
+   */
+  costSource?: string | null;
+  /** The price used, when one was (`override:<file>`, `genai-prices@<version>`), and its date. */
+  priceSource?: string | null;
+  priceDate?: string | null;
   billing: 'local' | 'plan' | 'metered';
   upstreamFigures: UpstreamFigures;
   fallback: boolean;
@@ -215,6 +223,10 @@ export interface LedgerRow {
   worst_case_usd: number | null;
   cost_usd: number | null;
   saved_usd: number | null;
+  /** Where cost_usd came from (Settlement.costSource; `worst-case` for a recovered row). */
+  cost_source: string | null;
+  price_source: string | null;
+  price_date: string | null;
   billing: string | null;
   upstream_prompt_tokens: number | null;
   upstream_completion_tokens: number | null;

@@ -52,6 +52,9 @@ export interface SettleValues {
   costUsd: number | null;
   savedUsd: number | null;
   planWorkUsd: number | null;
+  costSource: string | null;
+  priceSource: string | null;
+  priceDate: string | null;
   billing: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
@@ -115,6 +118,9 @@ export function fromSettlement(row: OpenRow, s: Settlement): SettleValues {
     costUsd: s.costUsd,
     savedUsd: s.savedUsd,
     planWorkUsd: s.planWorkUsd,
+    costSource: s.costSource ?? null,
+    priceSource: s.priceSource ?? null,
+    priceDate: s.priceDate ?? null,
     billing: s.billing,
     promptTokens: f.promptTokens,
     completionTokens: f.completionTokens,
@@ -141,6 +147,9 @@ export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
     costUsd: row.worst_case_usd,
     savedUsd: null,
     planWorkUsd: null,
+    costSource: 'worst-case',
+    priceSource: null,
+    priceDate: null,
     billing: null,
     promptTokens: null,
     completionTokens: null,
@@ -164,6 +173,9 @@ export function settlementColumns<B>(v: SettleValues, bool: (b: boolean) => B): 
     cost_usd: v.costUsd,
     saved_usd: v.savedUsd,
     plan_work_usd: v.planWorkUsd,
+    cost_source: v.costSource,
+    price_source: v.priceSource,
+    price_date: v.priceDate,
     billing: v.billing,
     upstream_prompt_tokens: v.promptTokens,
     upstream_completion_tokens: v.completionTokens,
@@ -185,7 +197,7 @@ const SAMPLE_RESERVATION: Reservation = {
 export const RESERVATION_COLUMNS = Object.keys(reservationColumns(SAMPLE_RESERVATION, []));
 const SAMPLE_SETTLEMENT: SettleValues = {
   state: 'settled', status: null, generatedTokens: 0, outputMethod: '', chargeTokens: 0,
-  refundTokens: 0, costUsd: null, savedUsd: null, planWorkUsd: null, billing: null,
+  refundTokens: 0, costUsd: null, savedUsd: null, planWorkUsd: null, costSource: null, priceSource: null, priceDate: null, billing: null,
   promptTokens: null, completionTokens: null, cachedTokens: null, promptN: null, cacheN: null,
   fallback: false, finishedAt: 0,
 };
@@ -245,6 +257,9 @@ export function toLedgerRow(rec: Record<string, unknown>): LedgerRow {
     worst_case_usd: numOrNull(rec, 'worst_case_usd'),
     cost_usd: numOrNull(rec, 'cost_usd'),
     saved_usd: numOrNull(rec, 'saved_usd'),
+    cost_source: strOrNull(rec, 'cost_source'),
+    price_source: strOrNull(rec, 'price_source'),
+    price_date: strOrNull(rec, 'price_date'),
     billing: strOrNull(rec, 'billing'),
     upstream_prompt_tokens: numOrNull(rec, 'upstream_prompt_tokens'),
     upstream_completion_tokens: numOrNull(rec, 'upstream_completion_tokens'),

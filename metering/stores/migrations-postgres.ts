@@ -157,6 +157,12 @@ ALTER TABLE heads ALTER COLUMN last_prompt_tokens TYPE bigint, ALTER COLUMN last
     // changed at the same count shares nothing from there. Heads written before have none.
     sql: `ALTER TABLE heads ADD COLUMN prefix_digests jsonb;`,
   },
+  {
+    version: 7,
+    // Where a settled row's cost came from, and the price it used with its date (SPEC §7: every
+    // price carries its source and date). Rows settled before have none.
+    sql: `ALTER TABLE ledger_rows ADD COLUMN cost_source text, ADD COLUMN price_source text, ADD COLUMN price_date text;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

@@ -156,6 +156,14 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
     // changed at the same count shares nothing from there. Heads written before have none.
     sql: `ALTER TABLE heads ADD COLUMN prefix_digests TEXT;`,
   },
+  {
+    version: 7,
+    // Where a settled row's cost came from, and the price it used with its date (SPEC §7: every
+    // price carries its source and date). Rows settled before have none.
+    sql: `ALTER TABLE ledger_rows ADD COLUMN cost_source TEXT;
+ALTER TABLE ledger_rows ADD COLUMN price_source TEXT;
+ALTER TABLE ledger_rows ADD COLUMN price_date TEXT;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

@@ -124,11 +124,12 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   }
 
   const providerCost = num(o.usage?.cost);
+  const price = plan.price ?? (plan.upstream.billing === 'plan' ? gw.prices.lookup(plan.model) : null);
   const cost = o.refundAll
-    ? { costUsd: 0, savedUsd: null, planWorkUsd: null } // nothing was generated: nothing is owed
+    ? { costUsd: 0, savedUsd: null, planWorkUsd: null, source: 'refunded', priceSource: null } // nothing was generated: nothing is owed
     : turnCost({
         billing: plan.upstream.billing,
-        price: plan.price ?? (plan.upstream.billing === 'plan' ? gw.prices.lookup(plan.model) : null),
+        price,
         usage: {
           inputTokens: plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1 ? plan.rows.sumTokens : (f.promptTokens ?? plan.rows.sumTokens),
           cachedTokens: f.cachedTokens,
@@ -159,6 +160,9 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
     costUsd: cost.costUsd,
     savedUsd: cost.savedUsd,
     planWorkUsd: cost.planWorkUsd,
+    costSource: cost.source,
+    priceSource: cost.priceSource,
+    priceDate: cost.priceSource !== null ? (price?.date ?? null) : null,
     billing: plan.upstream.billing,
     upstreamFigures: f,
     fallback: o.fallback,

@@ -265,3 +265,23 @@ t.test('a ledger export that fails part way is cut off, not passed off as whole;
   failAfter = 0;
   t.equal((await call(gw.url, 'GET', '/admin/ledger', ADMIN)).status, 500);
 });
+
+// Review of the price table (SPEC §7: every price carries its source and date): a ledger row says
+// where its cost came from and which price it used, so a bill can be checked line by line.
+t.test('an exported row says where its cost came from, and the price and date it used', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const { gw: billed } = await moneyWorld(t, { metered: { providerCost: 0.0123 } });
+  t.equal((await chat(gw, ALICE, { ...ask, model: 'gpt-4o' })).status, 200);
+  t.equal((await chat(gw, ALICE, ask)).status, 200);
+  t.equal((await chat(billed, ALICE, { ...ask, model: 'gpt-4o' })).status, 200);
+  const rows = async (world: typeof gw) =>
+    (await (await fetch(`${world.url}/admin/ledger`, { headers: ADMIN })).text())
+      .split('\n')
+      .filter((l) => l.length > 0)
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+  const [listed, local] = await rows(gw);
+  t.match(listed, { model: 'gpt-4o', cost_source: 'list-price', price_source: /^override:.*prices\.json$/, price_date: '2026-01-01' });
+  t.match(local, { model: 'llama-local', cost_usd: 0, cost_source: 'local', price_source: null, price_date: null });
+  const [provided] = await rows(billed);
+  t.match(provided, { cost_usd: 0.0123, cost_source: 'provider', price_source: null, price_date: null }, "the provider's own figure");
+});
