@@ -23,7 +23,7 @@ for (const factory of storeFactories(t)) {
     t.equal(await ledger.recoverStale(60_000, now), 0, 'recovery is idempotent');
     const rows = await collect(ledger.exportRows(null, null));
     const byId = new Map(rows.map((r) => [r.id, r]));
-    t.match(byId.get(old1.id), { state: 'recovered', charge_tokens: 150, refund_tokens: 0, generated_tokens: 50, cost_usd: 0.5 });
+    t.match(byId.get(old1.id), { state: 'recovered', charge_tokens: 150, refund_tokens: 0, generated_tokens: 50, cost_usd: 0.5, cost_source: 'worst-case' });
     t.match(byId.get(old2.id), { state: 'recovered', charge_tokens: 170, refund_tokens: 0, cost_usd: null });
     t.match(byId.get(fresh.id), { state: 'reserved', charge_tokens: null });
     // 3. Nothing vanished: the run keeps every charge; money moved from reserved to spent.
