@@ -14,7 +14,7 @@ import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-excerpt.js';
 import { badUpstreamStream } from './forward.js';
-import { errorEnvelopeOf, upstreamErrorIn } from './upstream-error-body.js';
+import { errorEnvelopeOf, streamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 
 type Json = Record<string, unknown>;
@@ -201,7 +201,7 @@ export async function relayStream(
     // A provider that fails part way says so in the stream (OpenAI; OpenRouter beside a choice
     // finished with "error"; vLLM and TGI in their own shapes): the stream ends, and the client is
     // told in the envelope a failed non-streamed request gets.
-    const error = isObject(chunk.error) ? chunk.error : upstreamErrorIn(chunk);
+    const error = streamErrorIn(chunk);
     if (error !== null) {
       out.upstreamError = errorEnvelopeOf(error, plan.upstream.name).error;
       return false;
@@ -444,7 +444,7 @@ function errorOf(data: string, upstream: string): Json {
   let e: Json = { message: data };
   try {
     const parsed: unknown = JSON.parse(data);
-    if (isObject(parsed)) e = isObject(parsed.error) ? parsed.error : (upstreamErrorIn(parsed) ?? parsed);
+    if (isObject(parsed)) e = streamErrorIn(parsed) ?? parsed;
   } catch {
     // not JSON: the text is the message
   }

@@ -33,6 +33,14 @@ export function upstreamErrorIn(body: unknown): Json | null {
   return null;
 }
 
+/**
+ * The error a stream's event carries: in a stream an error object is an error wherever it stands
+ * (OpenAI's and OpenRouter's mid-stream failures), else the shapes `upstreamErrorIn` reads.
+ */
+export function streamErrorIn(event: Json): Json | null {
+  return isObject(event.error) ? { ...event.error, message: messageText(event.error.message) } : upstreamErrorIn(event);
+}
+
 /** A message as text: a string as it is, anything else as its JSON (Mistral's validation details). */
 function messageText(v: unknown): string {
   if (typeof v === 'string') return v;
