@@ -23,7 +23,7 @@ import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
 import { registerErrorHandling } from './error-handler.js';
-import { GatewayError, NO_RETRY_HEADERS, envelope } from './errors.js';
+import { ERRORS, GatewayError, NO_RETRY_HEADERS, envelope } from './errors.js';
 import type { Clock, Gateway } from './gateway.js';
 import chatRoute from '../routes/chat-completions.js';
 import completionsRoute from '../routes/completions.js';
@@ -62,6 +62,8 @@ export interface AppOptions {
   settleRetryMs?: number;
   /** Whether the gateway may serve without any key (default true; server/main.ts: on loopback only). */
   openWithoutKeys?: boolean;
+  /** How long a client may take to send a whole request (default REQUEST_TIMEOUT_MS; tests shorten it). */
+  requestTimeoutMs?: number;
 }
 
 declare module 'fastify' {
@@ -82,6 +84,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   const { config } = opts;
   const env = opts.env ?? process.env;
   const clock = opts.clock ?? Date.now;
+  const requestTimeoutMs = opts.requestTimeoutMs ?? REQUEST_TIMEOUT_MS;
   const app = Fastify({
     logger: opts.logger ?? {
       level: config.logging.level,
@@ -93,7 +96,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // A request must have arrived whole within this time (Node's own default, which Fastify turns
     // off): a client that sends its headers and then its body a byte at a time, or never, does not
     // hold a connection and a buffered body for ever. Answers (streams) are not bounded by it.
-    requestTimeout: REQUEST_TIMEOUT_MS,
+    requestTimeout: requestTimeoutMs,
     // A request that arrives on a kept-alive connection while the gateway closes is answered below,
     // in the OpenAI envelope (Fastify's own 503 is a body no SDK reads as an error).
     return503OnClosing: false,
@@ -114,18 +117,25 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     // characters, Content-Length beside Transfer-Encoding) is answered in the OpenAI envelope too.
     clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {
       if (!socket.writable) return;
-      const headersTooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-      const status = headersTooLarge ? 431 : 400;
-      const body = JSON.stringify(
-        envelope('invalid_request', headersTooLarge ? 'the request headers are too large' : `the request is not valid HTTP: ${err.code ?? err.message}`, 'invalid_request_error'),
-      );
+      const [status, reason, error] = clientErrorAnswer(err, requestTimeoutMs);
+      const body = JSON.stringify(error);
+      // A request that was too slow may be sent again (the SDKs retry a 408); one Node could not
+      // read will fail the same way again.
+      const retry = status === 408 ? '' : 'x-should-retry: false\r\n';
       socket.end(
-        `HTTP/1.1 ${status} ${headersTooLarge ? 'Request Header Fields Too Large' : 'Bad Request'}\r\n` +
-          `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-should-retry: false\r\nconnection: close\r\n\r\n${body}`,
+        `HTTP/1.1 ${status} ${reason}\r\n` +
+          `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${retry}connection: close\r\n\r\n${body}`,
       );
     },
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });
+  // Fastify sets the request timeout after Node made the server, so Node's own rule for the headers'
+  // time (60 s, or the request's time if that is less) is applied here; Node looks for requests past
+  // their time every 30 s by default, every tenth of the limit here (the property Node reads when
+  // the server starts listening, from its `connectionsCheckingInterval` option; not in its types).
+  const server = app.server as unknown as { connectionsCheckingInterval: number; headersTimeout: number };
+  server.headersTimeout = Math.min(60_000, requestTimeoutMs);
+  server.connectionsCheckingInterval = Math.min(30_000, Math.max(10, Math.floor(requestTimeoutMs / 10)));
 
   // What the config names and can still be wrong (the price overrides file) is read before the
   // store is opened: a start refused for it leaves no ledger file and no migration behind.
@@ -257,4 +267,16 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     if (!opts.ledger) await ledger.close();
   });
   return app;
+}
+
+/** The status, reason phrase and OpenAI envelope for what Node's HTTP server refused before routing. */
+export function clientErrorAnswer(err: NodeJS.ErrnoException, requestTimeoutMs: number): [number, string, ReturnType<typeof envelope>] {
+  if (err.code === 'HPE_HEADER_OVERFLOW') {
+    return [431, 'Request Header Fields Too Large', envelope('invalid_request', 'the request headers are too large', 'invalid_request_error')];
+  }
+  if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+    const limits = `its headers within ${Math.min(60_000, requestTimeoutMs) / 1000} s, the whole request within ${requestTimeoutMs / 1000} s`;
+    return [408, 'Request Timeout', envelope('request_timeout', `the request did not arrive in time (${limits})`, ERRORS.request_timeout.type)];
+  }
+  return [400, 'Bad Request', envelope('invalid_request', `the request is not valid HTTP: ${err.code ?? err.message}`, 'invalid_request_error')];
 }

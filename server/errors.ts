@@ -4,6 +4,7 @@
 export const ERRORS = {
   invalid_json: { status: 400, type: 'invalid_request_error' },
   invalid_request: { status: 400, type: 'invalid_request_error' },
+  request_timeout: { status: 408, type: 'invalid_request_error' },
   missing_api_key: { status: 401, type: 'authentication_error' },
   invalid_api_key: { status: 401, type: 'authentication_error' },
   admin_token_required: { status: 401, type: 'authentication_error' },

@@ -192,6 +192,30 @@ t.test('requests Node refuses before routing (bad framing, huge headers) get the
   t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'and the gateway goes on serving');
 });
 
+t.test('a request that does not arrive whole in time gets a 408 in the OpenAI envelope, and nothing is charged', async (t) => {
+  const gw = await startGateway(t, { upstreams: [llamaUpstream('http://127.0.0.1:9')] }, { requestTimeoutMs: 300 });
+  const { port } = new URL(gw.url);
+  const answer = await new Promise<string>((resolve, reject) => {
+    // Headers and the start of a body, then nothing more.
+    const socket = connect(Number(port), '127.0.0.1', () =>
+      socket.write('POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"model":'),
+    );
+    let text = '';
+    socket.on('data', (d) => (text += d.toString('latin1')));
+    socket.on('end', () => resolve(text));
+    socket.on('error', reject);
+  });
+  t.match(answer, /^HTTP\/1\.1 408 Request Timeout\r\n/);
+  t.notMatch(answer, /x-should-retry/, 'a slow request may be sent again');
+  t.same(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), {
+    error: { message: 'the request did not arrive in time (its headers within 0.3 s, the whole request within 0.3 s)', type: 'invalid_request_error', param: null, code: 'request_timeout' },
+  });
+  const rows = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.same(rows, [], 'no ledger row');
+  t.equal((await fetch(`${gw.url}/healthz`)).status, 200, 'and the gateway goes on serving');
+});
+
 t.test('request and refusal counters count model requests only', async (t) => {
   // Found by an outside audit: /v1/models and the other info routes were counted only when they
   // failed (an error ratio of 100 %), and every scrape or operator call without its token counted

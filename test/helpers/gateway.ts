@@ -31,7 +31,7 @@ interface Teardown {
 export async function startGateway(
   t: Teardown,
   raw: Record<string, unknown>,
-  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number } = {},
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number; requestTimeoutMs?: number } = {},
 ): Promise<TestGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const dbPath = join(dir, 'ledger.db');
@@ -53,6 +53,7 @@ export async function startGateway(
     sweepIntervalMs: opts.sweepIntervalMs,
     openWithoutKeys: opts.openWithoutKeys,
     settleRetryMs: opts.settleRetryMs,
+    requestTimeoutMs: opts.requestTimeoutMs,
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
   const address = app.server.address();
