@@ -286,7 +286,11 @@ export interface Ledger {
   claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;
 
   // Tenants and keys (operator API). Keys are stored as SHA-256 hashes only.
-  upsertTenant(t: TenantRecord): Promise<void>;
+  /**
+   * Makes the tenant with this budget unless it exists; true when it was made. One step, so two
+   * operator calls at once cannot write back a budget one of them read before the other changed it.
+   */
+  createTenant(t: TenantRecord): Promise<boolean>;
   getTenant(id: string): Promise<TenantRecord | null>;
   setTenantBudget(id: string, monthlyBudgetUsd: number | null): Promise<boolean>;
   createKey(k: KeyRecord & { hash: string }): Promise<void>;

@@ -111,11 +111,14 @@ const route: FastifyPluginAsync = async (app) => {
     const b = body(request.body, ['id', 'monthly_budget_usd']);
     const tenant = id(b, 'id');
     // Posting a tenant that exists changes only what the body says: without monthly_budget_usd its
-    // budget stays (a repeated set-up script must not lift a limit by leaving a field out).
-    const existing = await ledger().getTenant(tenant);
-    const budget = b.monthly_budget_usd === undefined ? (existing?.monthlyBudgetUsd ?? null) : (usdOrNull(b, 'monthly_budget_usd', false) ?? null);
-    await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: budget });
-    reply.code(existing ? 200 : 201);
+    // budget stays (a repeated set-up script must not lift a limit by leaving a field out). Each
+    // write is one step in the store, never a budget read earlier written back: a budget another
+    // operator call sets meanwhile (or a key's call making the tenant) is not undone.
+    const given = usdOrNull(b, 'monthly_budget_usd', false);
+    const created = await ledger().createTenant({ id: tenant, monthlyBudgetUsd: given ?? null });
+    if (!created && given !== undefined) await ledger().setTenantBudget(tenant, given);
+    const budget = given !== undefined ? given : ((await ledger().getTenant(tenant))?.monthlyBudgetUsd ?? null);
+    reply.code(created ? 201 : 200);
     return { id: tenant, monthly_budget_usd: budget };
   });
 
@@ -138,7 +141,8 @@ const route: FastifyPluginAsync = async (app) => {
       throw new GatewayError('invalid_request', 'name: must not contain control characters', {}, 'name');
     }
     const name = typeof b.name === 'string' ? b.name.slice(0, 200) : null;
-    if (!(await ledger().getTenant(tenant))) await ledger().upsertTenant({ id: tenant, monthlyBudgetUsd: null });
+    // A tenant made here has no budget; one that exists keeps its own (one step in the store).
+    await ledger().createTenant({ id: tenant, monthlyBudgetUsd: null });
     const key = `tg-${randomBytes(24).toString('base64url')}`;
     const keyId = `key-${randomUUID()}`;
     await ledger().createKey({ id: keyId, tenant, name, hash: hashKey(key) });

@@ -29,7 +29,8 @@ export async function applyConfiguredTenants(ledger: Ledger, config: Config, log
   for (const [id, budget] of configuredTenants(config)) {
     const stored = await ledger.getTenant(id);
     if (!stored) {
-      await ledger.upsertTenant({ id, monthlyBudgetUsd: budget ?? null });
+      // Another replica starting at the same time may make it first, with the same config.
+      await ledger.createTenant({ id, monthlyBudgetUsd: budget ?? null });
     } else if (budget !== undefined && stored.monthlyBudgetUsd !== budget) {
       await ledger.setTenantBudget(id, budget);
       log.info({ tenant: id, from: stored.monthlyBudgetUsd, to: budget }, 'monthly budget set from the config');

@@ -282,12 +282,12 @@ export class PostgresLedger implements Ledger {
     return res.rowCount === 1;
   }
 
-  async upsertTenant(t: TenantRecord): Promise<void> {
-    await this.pool.query(
-      `INSERT INTO tenants (id, monthly_budget_usd) VALUES ($1, $2)
-       ON CONFLICT (id) DO UPDATE SET monthly_budget_usd = excluded.monthly_budget_usd`,
-      [t.id, t.monthlyBudgetUsd],
-    );
+  async createTenant(t: TenantRecord): Promise<boolean> {
+    const res = await this.pool.query('INSERT INTO tenants (id, monthly_budget_usd) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING', [
+      t.id,
+      t.monthlyBudgetUsd,
+    ]);
+    return res.rowCount === 1;
   }
 
   async getTenant(id: string): Promise<TenantRecord | null> {

@@ -57,8 +57,7 @@ export function prepareSqlite(db: Database.Database) {
     claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
 
     getTenant: s('SELECT id, monthly_budget_usd FROM tenants WHERE id = ?'),
-    upsertTenant: s(`INSERT INTO tenants (id, monthly_budget_usd) VALUES (?, ?)
-      ON CONFLICT (id) DO UPDATE SET monthly_budget_usd = excluded.monthly_budget_usd`),
+    createTenant: s('INSERT INTO tenants (id, monthly_budget_usd) VALUES (?, ?) ON CONFLICT (id) DO NOTHING'),
     setTenantBudget: s('UPDATE tenants SET monthly_budget_usd = ? WHERE id = ?'),
     createKey: s('INSERT INTO api_keys (id, tenant, name, hash) VALUES (?, ?, ?, ?)'),
     deleteKey: s('DELETE FROM api_keys WHERE id = ?'),

@@ -567,8 +567,8 @@ export class SqliteLedger implements Ledger {
     return this.q.claimNotice.run(tenant, month).changes === 1;
   }
 
-  async upsertTenant(t: TenantRecord): Promise<void> {
-    this.q.upsertTenant.run(t.id, t.monthlyBudgetUsd);
+  async createTenant(t: TenantRecord): Promise<boolean> {
+    return this.q.createTenant.run(t.id, t.monthlyBudgetUsd).changes === 1;
   }
 
   async getTenant(id: string): Promise<TenantRecord | null> {

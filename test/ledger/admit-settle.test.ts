@@ -6,7 +6,7 @@ import { reservation, settlement, storeFactories } from '../helpers/stores.js';
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a settlement reports the tenant's month as it left it`, async (t) => {
     const { ledger } = await factory.create(t);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 10 });
+    await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 10 });
     const a = reservation({ run: 'run-m', worstCaseUsd: 0.5 });
     const b = reservation({ run: 'run-m', worstCaseUsd: 0.5 });
     t.same(await ledger.admit(a), { ok: true });
@@ -14,7 +14,7 @@ for (const factory of storeFactories(t)) {
     t.same(await ledger.settle(a.id, settlement(a, 10, { costUsd: 0.25 })), { spentUsd: 0.25, monthlyBudgetUsd: 10 });
     t.same(await ledger.settle(b.id, settlement(b, 10, { costUsd: 0.5 })), { spentUsd: 0.75, monthlyBudgetUsd: 10 }, 'this settlement included');
     t.equal(await ledger.settle(b.id, settlement(b, 10, { costUsd: 0.5 })), null, 'settling twice: nothing, and no month');
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+    await ledger.setTenantBudget('acme', null);
     const c = reservation({ run: 'run-m' });
     t.same(await ledger.admit(c), { ok: true });
     t.same(await ledger.settle(c.id, settlement(c, 1)), { spentUsd: 0.75, monthlyBudgetUsd: null }, 'no budget: null');

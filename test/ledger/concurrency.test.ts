@@ -34,7 +34,7 @@ for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a monthly budget in USD is never overspent`, async (t) => {
     const store = await factory.create(t);
     const handles = [store.ledger, await store.reopen()];
-    await store.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 10 });
+    await store.ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 10 });
     const money = (conversation: string, i: number) =>
       reservation({ conversation, run: `${conversation}-run-${i}`, worstCaseUsd: 0.25 });
     // 1. 200 at once at $0.25 worst case against $10: exactly 40 fit.

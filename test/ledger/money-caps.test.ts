@@ -80,7 +80,7 @@ for (const factory of storeFactories(t)) {
 
   t.test(`${factory.kind}: the tenant's monthly budget and the spend it adds up`, async (t) => {
     const { ledger } = await factory.create(t);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 2 });
+    await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 2 });
     const a = reservation({ run: 'm1', worstCaseUsd: 1.5, month: '2025-06' });
     t.same(await ledger.admit(a), { ok: true });
     t.same(await ledger.admit(reservation({ run: 'm1', worstCaseUsd: 0.75 })), {

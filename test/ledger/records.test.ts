@@ -34,7 +34,7 @@ for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: API-made keys are known to exist until the last is deleted`, async (t) => {
     const { ledger } = await factory.create(t);
     t.equal(await ledger.hasKeys(), false);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+    await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: null });
     await ledger.createKey({ id: 'k1', tenant: 'acme', name: null, hash: sha256('tg-one') });
     t.equal(await ledger.hasKeys(), true);
     await ledger.deleteKey('k1');
@@ -43,10 +43,12 @@ for (const factory of storeFactories(t)) {
 
   t.test(`${factory.kind}: tenants and keys (stored as hashes only)`, async (t) => {
     const { ledger } = await factory.create(t);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 50 });
+    t.equal(await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 50 }), true, 'made');
     t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: 50 });
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
-    t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: null }, 'upsert replaces the budget');
+    t.equal(await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: null }), false, 'exists');
+    t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: 50 }, 'making it again keeps its budget');
+    t.equal(await ledger.setTenantBudget('acme', null), true);
+    t.same(await ledger.getTenant('acme'), { id: 'acme', monthlyBudgetUsd: null }, 'the budget is set on its own');
     t.equal(await ledger.getTenant('nobody'), null);
 
     await ledger.createKey({ id: 'k1', tenant: 'acme', name: 'laptop', hash: sha256('tg-secret-1') });
@@ -134,7 +136,7 @@ for (const factory of storeFactories(t)) {
 
   t.test(`${factory.kind}: migrations are idempotent (opened twice, migrated again)`, async (t) => {
     const store = await factory.create(t);
-    await store.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 3 });
+    await store.ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 3 });
     const second = await store.reopen();
     await second.migrate();
     await store.ledger.migrate();
@@ -155,7 +157,7 @@ t.test('sqlite: a ledger a newer Tollgate wrote is refused before anything is re
   const path = join(dir, 'ledger.db');
   const known = SQLITE_MIGRATIONS[SQLITE_MIGRATIONS.length - 1]!.version;
   const first = await openStore({ kind: 'sqlite', path });
-  await first.upsertTenant({ id: 'acme', monthlyBudgetUsd: 3 });
+  await first.createTenant({ id: 'acme', monthlyBudgetUsd: 3 });
   await first.close();
   const db = new Database(path);
   db.prepare('INSERT INTO schema_version (version, applied_at) VALUES (?, ?)').run(known + 1, Date.now());

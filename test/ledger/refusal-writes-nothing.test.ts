@@ -19,7 +19,7 @@ async function traces(ledger: Ledger, ids: { conversations: string[]; runs: stri
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a refusal of a new conversation leaves no conversation, parent, run or month`, async (t) => {
     const { ledger } = await factory.create(t);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 0.1 });
+    await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 0.1 });
     const r = reservation({ conversation: 'fresh', parent: 'lead', run: 'fresh/run', worstCaseUsd: 0.5 });
     t.match(await ledger.admit(r), { ok: false, scope: 'monthly' });
     t.same(await traces(ledger, { conversations: ['fresh', 'lead'], runs: ['fresh/run'] }), {
@@ -68,7 +68,7 @@ for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: refusals among concurrent admissions leave nothing; the admitted are all there`, async (t) => {
     const store = await factory.create(t);
     const handles = [store.ledger, await store.reopen()];
-    await store.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 1 });
+    await store.ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 1 });
     // 1. 40 first requests at once, each its own new conversation and run ($0.10 each, every fourth
     // naming a parent): the month fits exactly 10. SQLite runs those of one event-loop turn in one
     // group commit, so admitted and refused share transactions.

@@ -12,7 +12,7 @@ const T0 = Date.UTC(2026, 10, 1);
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: finished rows before the time go, oldest first, at most a batch a call; open ones stay`, async (t) => {
     const { ledger } = await factory.create(t);
-    await ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: 10 });
+    await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 10 });
     const ids: string[] = [];
     for (let day = 0; day < 5; day++) {
       const r = reservation({ tenant: 'acme', conversation: 'c-ret', run: 'c-ret/run', time: T0 + day * DAY, worstCaseUsd: 0.5, month: '2026-11' });

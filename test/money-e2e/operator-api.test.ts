@@ -149,6 +149,36 @@ t.test('posting a tenant again changes only what the body says', async (t) => {
   t.equal((await call(gw.url, 'GET', '/admin/tenants/erin/spend', ADMIN)).body.monthly_budget_usd, null);
 });
 
+t.test('operator calls at the same time never write back a budget read before the other changed it', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const budgetOf = async (tenant: string) => (await call(gw.url, 'GET', `/admin/tenants/${tenant}/spend`, ADMIN)).body.monthly_budget_usd;
+  // A set-up script making a tenant with its budget and a key for it, both at once.
+  const made = await Promise.all(
+    Array.from({ length: 40 }, async (_, i) => {
+      const [tenant, key] = await Promise.all([
+        call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: `cust${i}`, monthly_budget_usd: 5 }),
+        call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: `cust${i}` }),
+      ]);
+      return { tenant, key, budget: await budgetOf(`cust${i}`) };
+    }),
+  );
+  t.same(made.filter((m) => m.budget !== 5).length, 0, 'every tenant keeps the budget it was made with');
+  t.ok(made.every((m) => m.key.status === 201 && [200, 201].includes(m.tenant.status)));
+  t.equal(made.filter((m) => m.tenant.status === 201).length + made.filter((m) => m.tenant.status === 200).length, 40);
+  // A budget lowered while the same script posts the tenant again without one.
+  await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'alice2', monthly_budget_usd: 50 });
+  let undone = 0;
+  for (let i = 0; i < 20; i++) {
+    await call(gw.url, 'PUT', '/admin/tenants/alice2/budget', ADMIN, { monthly_budget_usd: 50 });
+    await Promise.all([
+      call(gw.url, 'PUT', '/admin/tenants/alice2/budget', ADMIN, { monthly_budget_usd: 1 }),
+      call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'alice2' }),
+    ]);
+    if ((await budgetOf('alice2')) !== 1) undone++;
+  }
+  t.equal(undone, 0, 'a lowered budget is never put back');
+});
+
 t.test('spend views show sums rounded like each turn, with no float dust', async (t) => {
   const { gw } = await moneyWorld(t);
   // Two turns of $0.1 and $0.2 add up to 0.30000000000000004 in floating point.
