@@ -169,6 +169,9 @@ const route: FastifyPluginAsync = async (app) => {
     // Ids are global, and the first tenant to use one owns it: the operator may say whose a
     // conversation capped before its first request is, so no other tenant can take it.
     const tenant = b.tenant === undefined || b.tenant === null ? null : id(b, 'tenant');
+    // An owner cannot be changed once set, so a misspelt tenant would lock the conversation away
+    // from the one meant: only a tenant that exists may be named, as for its budget.
+    if (tenant !== null && !(await ledger().getTenant(tenant))) throw new GatewayError('not_found', `no tenant "${tenant}"`, {}, 'tenant');
     // One step in the store: a conversation another tenant owns is left as it is.
     const owner = await ledger().setConversationCap(request.params.id, tenant, cap);
     if (tenant !== null && owner !== tenant) {

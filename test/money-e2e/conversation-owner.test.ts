@@ -42,6 +42,12 @@ t.test('the operator may name the owner with the cap; a conversation already own
   t.match((await call(gw.url, 'GET', '/admin/conversations/proj-b/spend', ADMIN)).body, { tenant: 'bob', cap_usd: 2 }, 'nothing changed');
   t.equal((await call(gw.url, 'PUT', '/admin/conversations/proj-b/cap', ADMIN, { cap_usd: 4 })).status, 200, 'a cap alone changes the cap');
   t.match((await call(gw.url, 'GET', '/admin/conversations/proj-b/spend', ADMIN)).body, { tenant: 'bob', cap_usd: 4 });
+  // A tenant that does not exist (misspelt) cannot be named: it would own the conversation for good.
+  const misspelt = await call(gw.url, 'PUT', '/admin/conversations/proj-d/cap', ADMIN, { cap_usd: 2, tenant: 'alcie' });
+  t.equal(misspelt.status, 404);
+  t.match(misspelt.body, { error: { code: 'not_found', param: 'tenant', message: 'no tenant "alcie"' } });
+  t.equal((await chat(gw, ALICE, ask, { 'x-tollgate-conversation': 'proj-d' })).status, 200, 'alice can still take it');
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/proj-d/cap', ADMIN, { cap_usd: 2, tenant: 'alice' })).status, 200);
   // An id no client can send (spaces at its ends: a header is trimmed) is no conversation to cap.
   const spaced = await call(gw.url, 'PUT', `/admin/conversations/${encodeURIComponent(' proj-c ')}/cap`, ADMIN, { cap_usd: 1 });
   t.equal(spaced.status, 400);
