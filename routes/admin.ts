@@ -62,7 +62,17 @@ function timeParam(v: unknown, name: string): number | null {
     // Epoch milliseconds within the times a Date can hold (±8.64e15), as every store can compare.
     const ms = Number(v);
     if (ms > MAX_TIME_MS) throw bad();
+    // Epoch seconds (1764547200) or a compact date (20261201) read as milliseconds would be a
+    // moment in 1970, and the export would silently start there: refused. Any time in the ledger
+    // is later than 1973, when epoch milliseconds reach 12 digits; 0 is the start.
+    if (ms !== 0 && ms < MIN_EPOCH_MS) {
+      throw new GatewayError('invalid_request', `${name}: ${v} is not epoch milliseconds (those have 12 or more digits, such as 1764547200000); write a date as 2026-12-01`, {}, name);
+    }
     return ms;
+  }
+  // A `+` left unencoded in a query string arrives as a space.
+  if (/^[^ ]+ \d{2}:\d{2}$/.test(v)) {
+    throw new GatewayError('invalid_request', `${name}: "${v}" has a space before its zone offset: write the offset's + as %2B in the URL (or use Z)`, {}, name);
   }
   const m = ISO_TIME.exec(v);
   const ms = Date.parse(m && m[4] !== undefined && m[7] === undefined ? `${v}Z` : v);
@@ -99,6 +109,8 @@ const HISTORY_KEPT_MS = 86_400_000;
  */
 const PRUNE_BATCH_HISTORY = 250;
 const MAX_TIME_MS = 8.64e15;
+/** The smallest epoch-milliseconds value taken besides 0: 1e11 is March 1973, and 12 digits. */
+const MIN_EPOCH_MS = 1e11;
 
 const route: FastifyPluginAsync = async (app) => {
   // Every route of this plugin (it is encapsulated: the hook holds for these routes alone) needs the

@@ -130,6 +130,17 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
   }
   t.equal((await call(gw.url, 'GET', '/admin/ledger?until=8640000000000000', ADMIN)).status, 200, 'the last time a Date holds is one');
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01', ADMIN)).status, 200, 'a date alone is a time');
+  // Epoch seconds and compact dates are not read as milliseconds of 1970; an unencoded + is named.
+  for (const [q, message] of [
+    ['since=1764547200', 'since: 1764547200 is not epoch milliseconds (those have 12 or more digits, such as 1764547200000); write a date as 2026-12-01'],
+    ['until=20261201', 'until: 20261201 is not epoch milliseconds (those have 12 or more digits, such as 1764547200000); write a date as 2026-12-01'],
+    ['since=2026-12-01T00:00:00+01:00', 'since: "2026-12-01T00:00:00 01:00" has a space before its zone offset: write the offset\'s + as %2B in the URL (or use Z)'],
+  ]) {
+    const refused = await call(gw.url, 'GET', `/admin/ledger?${q}`, ADMIN);
+    t.equal(refused.status, 400, q);
+    t.match(refused.body, { error: { code: 'invalid_request', message } }, q);
+  }
+  t.equal((await call(gw.url, 'GET', '/admin/ledger?since=0', ADMIN)).status, 200, '0 is the start');
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01T12:00:00.5%2B01:00', ADMIN)).status, 200, 'so is one with a fraction and a zone');
   // And an operator can cap only a conversation id a client can send; a month is a month.
   t.equal((await call(gw.url, 'PUT', `/admin/conversations/${'c'.repeat(257)}/cap`, ADMIN, { cap_usd: 1 })).status, 400);
