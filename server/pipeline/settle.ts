@@ -2,7 +2,7 @@
 // turn's cost, the conversation's new head, the metrics and one log line.
 
 import type { Gateway } from '../gateway.js';
-import type { Plan } from './plan.js';
+import { monthOf, type Plan } from './plan.js';
 import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
 import { turnCost } from '../../pricing/turn-cost.js';
@@ -199,8 +199,11 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
 
   // The 80 % notice: the first settlement that leaves the month at or past 80 % of the budget (the
   // figures come from its own transaction) claims it in the store, once per tenant per month, so
-  // concurrent requests and replicas agree. The line is met within a nano-dollar of float dust.
-  if (succeeded && cost.costUsd && month !== null && budgetNearReached(month.spentUsd, month.monthlyBudgetUsd ?? null)) {
+  // concurrent requests and replicas agree. The line is met within a nano-dollar of float dust. A
+  // turn admitted before midnight UTC and settled after it counts in the month that ended, which a
+  // notice would now be about: none is sent (the new month's own crossing says it).
+  const monthStillOn = plan.month === monthOf(gw.clock());
+  if (succeeded && cost.costUsd && month !== null && monthStillOn && budgetNearReached(month.spentUsd, month.monthlyBudgetUsd ?? null)) {
     // A ledger that fails here has the settlement already: the answer goes out, without the notice.
     const claimed = await gw.ledger.claimBudgetNearNotice(plan.principal.tenant, plan.month).catch((err: unknown) => {
       gw.log.warn({ err, tenant: plan.principal.tenant }, 'the budget-near notice could not be claimed: not sent');

@@ -82,6 +82,32 @@ t.test('budget-near on the response that crosses 80 %, once a month', async (t) 
   t.ok(close(nov.body.spent_usd as number, 1));
 });
 
+t.test('a turn admitted in one month and settled in the next says nothing of the month that ended', async (t) => {
+  const { gw, metered } = await moneyWorld(t, {
+    clock: true,
+    keys: [{ key: ALICE, tenant: 'alice', monthlyBudgetUsd: 1 }],
+    metered: { providerCost: 0.2, promptTokens: () => 10, completionTokens: 1, delayMs: 100 },
+  });
+  const body = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Next item' }], max_tokens: 5 };
+  gw.now.ms = Date.parse('2026-11-30T23:59:50Z');
+  for (let i = 0; i < 3; i++) t.equal((await chat(gw, ALICE, body)).headers.get('x-tollgate-notice'), null);
+  // The fourth November turn ($0.80: 80 %), streamed, is still being answered at midnight.
+  const crossing = chat(gw, ALICE, { ...body, stream: true });
+  while (metered.requests.length < 4) await new Promise((resolve) => setTimeout(resolve, 5));
+  gw.now.ms = Date.parse('2026-12-01T00:00:00.200Z');
+  const late = await crossing;
+  t.equal(late.status, 200);
+  const closing = /^: tollgate (.*)$/m.exec(String(late.body.text));
+  t.ok(closing, 'the stream has its closing comment');
+  t.notMatch(closing?.[1] ?? '', /budget-near/, 'no notice for November, once it is over');
+  const nov = await call(gw.url, 'GET', '/admin/tenants/alice/spend?month=2026-11', ADMIN);
+  t.ok(close(nov.body.spent_usd as number, 0.8), 'the turn is November\'s spend');
+  // December's own crossing is told, once.
+  const seen: Array<string | null> = [];
+  for (let i = 0; i < 5; i++) seen.push((await chat(gw, ALICE, body)).headers.get('x-tollgate-notice'));
+  t.same(seen, [null, null, null, 'budget-near', null]);
+});
+
 t.test('budget-near at exactly 80 % when the spend adds up in float dust (regression)', async (t) => {
   // Eight $0.10 turns add up to 0.7999999999999999 in doubles, not 0.8: the notice was missed at
   // 80 % and came with the ninth turn, at 90 %.
