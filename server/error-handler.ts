@@ -57,7 +57,11 @@ export function registerErrorHandling(app: FastifyInstance): void {
         const upstream = model === null ? null : (gw.upstreams.route(model)?.name ?? null);
         // The proxied endpoints only, as their answers are counted (run-request.ts): a route that
         // counted only its failures would read as failing every time.
-        if (proxied(request)) gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
+        if (proxied(request)) {
+          gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
+          // Every refusal of a model request, under its error code (SPEC §11).
+          if (status < 500) gw.metrics.refusals.inc({ reason: code });
+        }
         const line = { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream };
         if (failure) request.log[failure.level]({ ...line, err: failure.err }, 'request failed');
         else request.log.info(line, 'request refused');
@@ -66,11 +70,7 @@ export function registerErrorHandling(app: FastifyInstance): void {
       return reply.code(status).headers(headers).send(body);
     };
     if (err instanceof GatewayError) {
-      if (err.status < 500) {
-        // Refusals of model requests: not an operator call without its token, nor a scrape without its own.
-        if (proxied(request)) gw.metrics.refusals.inc({ reason: err.code });
-        return answer(err.status, err.code, err.toEnvelope());
-      }
+      if (err.status < 500) return answer(err.status, err.code, err.toEnvelope());
       // An upstream failure (5xx) is not final, so SDKs keep their own retry rules. (A settled
       // model request has logged it on its one line already.)
       return answer(err.status, err.code, err.toEnvelope(), err.final ? NO_RETRY_HEADERS : {}, { level: 'warn', err: gw.config.logging.prompts ? err.message : (err.logMessage ?? err.message) });

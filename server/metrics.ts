@@ -22,7 +22,7 @@ export function initMetrics(registry: Registry = new Registry(), opts: { default
     }),
     promptTokens: new Counter({
       name: 'tollgate_prompt_tokens_total',
-      help: 'Prompt tokens of admitted requests: new (charged to the run) or shared (credited as the previous request\'s prefix, less the 16 kept charged); the two add up to the prompt',
+      help: 'Prompt tokens of admitted requests sent to a model: new (charged at admission) or shared (credited as the previous request\'s prefix, less the 16 kept charged), which add up to the prompt; refunded (the new tokens of a request refunded whole: its upstream failed before any output)',
       labelNames: ['kind'] as const,
       registers,
     }),

@@ -10,9 +10,16 @@ import { estimateTokens } from './byte-estimate.js';
 import { messageBoundaries, pastClosing, tokenDigests, tokensBefore, type Piece } from './prompt-boundaries.js';
 
 export class LlamaCppCountError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
+  /**
+   * The start of what the server answered, kept out of the message: an error about a template or a
+   * tokenization can quote the messages, and the message is logged (SPEC §10: no prompt text).
+   */
+  upstreamText: string | null;
+
+  constructor(message: string, options?: { cause?: unknown; upstreamText?: string }) {
     super(message, options);
     this.name = 'LlamaCppCountError';
+    this.upstreamText = options?.upstreamText ?? null;
   }
 }
 
@@ -71,9 +78,7 @@ export async function postJson<T>(
   }
   const text = await res.body.text();
   if (res.statusCode !== 200) {
-    throw new LlamaCppCountError(
-      `llama.cpp ${method} ${path} at ${origin}${base} answered ${res.statusCode}: ${text.slice(0, 200)}`,
-    );
+    throw new LlamaCppCountError(`llama.cpp ${method} ${path} at ${origin}${base} answered ${res.statusCode}`, { upstreamText: text.slice(0, 200) });
   }
   try {
     return JSON.parse(text) as T;

@@ -23,6 +23,7 @@ import type { ModelPrice } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
+import { LlamaCppCountError } from '../../metering/tokenizers/llamacpp-counter.js';
 import { runBudgetFor } from '../../metering/stores/admission-check.js';
 
 export interface Headers {
@@ -222,7 +223,9 @@ async function countAll(
     // The model's own tokenizer is out of reach (a llama.cpp server down): plan with the byte
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
     const due = gw.warnings.due(`tokenizer-down:${upstream.name}`);
-    if (due) gw.log.warn({ upstream: upstream.name, err: (err as Error).message, held_back: due.heldBack }, 'tokenizer unavailable, using byte estimate');
+    // What the server said may quote the prompt: logged only where prompts are (`logging.prompts`).
+    const said = gw.config.logging.prompts && err instanceof LlamaCppCountError && err.upstreamText ? { upstream_text: err.upstreamText } : {};
+    if (due) gw.log.warn({ upstream: upstream.name, err: (err as Error).message, ...said, held_back: due.heldBack }, 'tokenizer unavailable, using byte estimate');
     return countRows(valid.kind, valid.model, request, gw.counters.estimate);
   }
 }

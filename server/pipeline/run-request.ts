@@ -65,7 +65,7 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const plan = await admit(gw, await planOnce(), planOnce);
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
-  const once = { settling: false };
+  const once: Once = { settling: false, log: null };
   // A client that goes away aborts the upstream at once; so does a stopping gateway that can wait
   // no longer (server/main.ts) — what was generated is settled either way.
   const abort = new AbortController();
@@ -82,9 +82,15 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
       // forwarding; anything else that ended the request here refunds it all.
       const clientGone = abort.signal.aborted && abort.signal.reason !== SHUTTING_DOWN;
       const status = clientGone ? 499 : err instanceof GatewayError ? err.status : 500;
-      await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone }).catch(
-        (e: unknown) => request.log.error({ err: e, id: plan.id }, 'settling after an error failed: the reservation stays open until recovered'),
+      const settled = await settleOutcome(gw, plan, { status, countedOutput: 0, countedMethod: 'none', usage: null, timings: null, fallback: false, refundAll: !clientGone }).catch(
+        (e: unknown) => {
+          request.log.error({ err: e, id: plan.id }, 'settling after an error failed: the reservation stays open until recovered');
+          return null;
+        },
       );
+      // Its one line and count, as every admitted request has (a client that left part way through
+      // a JSON answer ends here).
+      if (!request.settledLogged) once.log?.(status, clientGone ? undefined : err, settled);
     }
     // A stream the gateway had taken over from Fastify must be ended here: nothing else would.
     if (reply.sent) return endTakenOver(request, reply, err);
@@ -113,6 +119,12 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
   }
 }
 
+/** Set when settlement begins; `log` writes the request's one line, once the stages have made it. */
+interface Once {
+  settling: boolean;
+  log: ((status: number, failure?: unknown, settled?: Settled | null) => void) | null;
+}
+
 /** The abort reason of a request stopped because the gateway is shutting down. */
 const SHUTTING_DOWN = Symbol('shutting down');
 
@@ -124,7 +136,7 @@ async function relayAdmitted(
   reply: FastifyReply,
   plan: Plan,
   t0: number,
-  once: { settling: boolean },
+  once: Once,
   abort: AbortController,
 ): Promise<void> {
   const settle: typeof settleOutcome = (...args) => {
@@ -132,8 +144,11 @@ async function relayAdmitted(
     return settleOutcome(...args);
   };
   const m = gw.metrics;
-  m.promptTokens.inc({ kind: 'new' }, plan.promptCharge);
-  m.promptTokens.inc({ kind: 'shared' }, plan.rows.sumTokens - plan.promptCharge);
+  // A final answer that is the excerpt alone sends no model anything: no prompt to count.
+  if (!plan.excerptOnly) {
+    m.promptTokens.inc({ kind: 'new' }, plan.promptCharge);
+    m.promptTokens.inc({ kind: 'shared' }, plan.rows.sumTokens - plan.promptCharge);
+  }
   m.outputTokens.inc({ kind: 'reserved' }, plan.allowance);
   const notices: string[] = [];
   if (plan.mode === 'final-answer' && plan.finalReason) {
@@ -155,15 +170,19 @@ async function relayAdmitted(
   const counter = gw.counters.forModel(plan.upstream, plan.model);
   const tForward = performance.now();
   let upstreamMs = 0;
+  let upstreamCalled = false;
   let outcome: Outcome;
   let settled: Settled | null = null;
   // The request's one log line (SPEC §10); a failure the client is answered with rides on it, at warn.
-  const finishLog = (status: number, failure?: unknown) => {
+  const finishLog = (status: number, failure?: unknown, settledElsewhere?: Settled | null) => {
     request.settledLogged = true;
+    if (settledElsewhere !== undefined) settled = settledElsewhere;
+    if (upstreamCalled && upstreamMs === 0) upstreamMs = performance.now() - tForward;
     const total = performance.now() - t0;
     const overhead = Math.max(0, total - upstreamMs) / 1000;
     m.overhead.observe({ route: kind }, overhead);
-    m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
+    // Only a request some upstream was sent has an upstream duration.
+    if (upstreamCalled) m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
     m.requests.inc({ route: kind, upstream: plan.upstream.name, status: String(status) });
     const failed =
       failure === undefined
@@ -194,6 +213,8 @@ async function relayAdmitted(
     );
   };
 
+  once.log = finishLog;
+
   // A final answer that could not fit the model at all: the run ends with the evidence excerpt,
   // and no model is called (plan.ts).
   if (plan.excerptOnly) {
@@ -203,6 +224,7 @@ async function relayAdmitted(
 
   let res: Dispatcher.ResponseData;
   const neverSent = abort.signal.aborted;
+  upstreamCalled = !neverSent;
   try {
     res = await forward(plan, abort.signal);
   } catch (err) {
@@ -341,9 +363,11 @@ async function relayAdmitted(
   // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
   const upstreamFailed = streamed.upstreamLost || streamed.upstreamError !== null;
   const failedBeforeOutput = upstreamFailed && meter.total() === 0;
+  // A failure the excerpt answered is a 200, as on the other paths: the client got an answer.
+  const answered = fallback || streamed.excerptAppended;
   outcome = {
     // The ledger and the log say how it ended, though the client's status line said 200.
-    status: streamed.clientGone ? 499 : upstreamFailed ? (draining() ? 503 : 502) : 200,
+    status: streamed.clientGone ? 499 : upstreamFailed && !answered ? (draining() ? 503 : 502) : 200,
     countedOutput: meter.total(),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.

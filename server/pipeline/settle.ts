@@ -190,12 +190,15 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const notices: string[] = [];
   const m = gw.metrics;
   m.outputTokens.inc({ kind: 'generated' }, tokens.generated);
-  // Output tokens only: a whole refund gives back the prompt's charge too, but it is no output.
   m.outputTokens.inc({ kind: 'refunded' }, plan.allowance - tokens.generated);
+  // A whole refund gives back the prompt's charge too.
+  if (o.refundAll && !plan.excerptOnly) m.promptTokens.inc({ kind: 'refunded' }, plan.promptCharge);
   if (cost.costUsd) m.costUsd.inc(cost.costUsd);
   if (cost.savedUsd) m.savedUsd.inc(cost.savedUsd);
   const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);
-  if (evaluated !== null && !o.refundAll) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);
+  // llama.cpp's timings of a prompt array are row 0's alone (fixtures/llamacpp: v1-completions-prompt-array).
+  const wholePromptTimed = !(plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1);
+  if (evaluated !== null && !o.refundAll && wholePromptTimed) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);
 
   // The 80 % notice: the first settlement that leaves the month at or past 80 % of the budget (the
   // figures come from its own transaction) claims it in the store, once per tenant per month, so
