@@ -250,6 +250,14 @@ export interface Ledger {
    * left when it was made, and last said alive, more than `olderThanMs` ago. Returns how many.
    */
   recoverStale(olderThanMs: number, now: number): Promise<number>;
+  /**
+   * Settle every reservation still open, whatever its time says: charged in full, flagged, at
+   * `now`. Only for a ledger no other process is using — SQLite at start (one process per file,
+   * ADR 0016), where an open row can only be a crash's, even one stamped later than this clock (a
+   * restart with the clock set back). Never where replicas share the ledger: it would take their
+   * requests in flight. Returns how many.
+   */
+  recoverOpen(now: number): Promise<number>;
   /** Say that these open reservations are still in flight, as of `now` (see recoverStale). */
   keepAlive(ids: readonly string[], now: number): Promise<void>;
   ping(): Promise<void>;

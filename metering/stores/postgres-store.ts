@@ -175,8 +175,17 @@ export class PostgresLedger implements Ledger {
       `SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < $1 AND COALESCE(alive_at, time) < $1 ORDER BY time`,
       [now - olderThanMs],
     );
+    return this.recoverRows(rows, now);
+  }
+
+  async recoverOpen(now: number): Promise<number> {
+    const { rows } = await this.pool.query<{ id: string }>(`SELECT id FROM ledger_rows WHERE state = 'reserved' ORDER BY time`);
+    return this.recoverRows(rows, now);
+  }
+
+  private async recoverRows(ids: readonly { id: string }[], now: number): Promise<number> {
     let recovered = 0;
-    for (const { id } of rows) {
+    for (const { id } of ids) {
       // Another replica may recover (or the request settle) the same row: the row lock decides.
       if (await this.tx((c) => settleLocked(c, id, (row) => recoveredSettlement(row, now)))) recovered++;
     }

@@ -83,6 +83,7 @@ export function prepareSqlite(db: Database.Database) {
       WHERE id = @id`),
     staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < @before
       AND COALESCE(alive_at, time) < @before ORDER BY time`),
+    openRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' ORDER BY time`),
     keepAlive: s(`UPDATE ledger_rows SET alive_at = @now
       WHERE id IN (SELECT value FROM json_each(@ids)) AND state = 'reserved'`),
     exportPage: s(`SELECT * FROM ledger_rows WHERE time >= @since AND time < @until

@@ -65,3 +65,25 @@ for (const factory of storeFactories(t)) {
     t.match((await collect(ledger.exportRows(null, null))).find((r) => r.id === long.id), { state: 'settled', generated_tokens: 10 });
   });
 }
+
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: recoverOpen settles every open reservation, even one stamped after its clock`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const now = Date.UTC(2025, 5, 10, 13, 0, 0);
+    // 1. Open rows on both sides of the clock (a restart with the clock set back), one settled.
+    const before = reservation({ run: 'ro', time: now - 60_000, worstCaseUsd: 0.25 });
+    const after = reservation({ run: 'ro', time: now + 20_000, worstCaseUsd: 0.5 });
+    const done = reservation({ run: 'ro', time: now - 90_000 });
+    for (const r of [before, after, done]) t.same(await ledger.admit(r), { ok: true });
+    await ledger.keepAlive([after.id], now + 30_000);
+    await ledger.settle(done.id, settlement(done, 10));
+    // 2. Every open one is recovered, whatever its time or last sign of life; once.
+    t.equal(await ledger.recoverOpen(now), 2);
+    t.equal(await ledger.recoverOpen(now), 0, 'recovery is idempotent');
+    const rows = new Map((await collect(ledger.exportRows(null, null))).map((r) => [r.id, r]));
+    t.match(rows.get(before.id), { state: 'recovered', refund_tokens: 0, cost_usd: 0.25 });
+    t.match(rows.get(after.id), { state: 'recovered', refund_tokens: 0, cost_usd: 0.5 });
+    t.match(rows.get(done.id), { state: 'settled', generated_tokens: 10 });
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.75, reservedUsd: 0 });
+  });
+}
