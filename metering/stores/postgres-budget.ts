@@ -153,7 +153,7 @@ export async function settleLocked(
   alsoWrite?: () => Promise<void>,
 ): Promise<MonthAfterSettle | null> {
   const found = await c.query<OpenRow>(
-    `SELECT state, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
+    `SELECT state, time, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
        allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
     [id],
   );

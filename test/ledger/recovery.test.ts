@@ -85,5 +85,8 @@ for (const factory of storeFactories(t)) {
     t.match(rows.get(after.id), { state: 'recovered', refund_tokens: 0, cost_usd: 0.5 });
     t.match(rows.get(done.id), { state: 'settled', generated_tokens: 10 });
     t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.75, reservedUsd: 0 });
+    // 3. Each finishes at the recovery, or at its own time when that is later: never before it began.
+    t.equal(rows.get(before.id)?.finished_at, new Date(now).toISOString());
+    t.equal(rows.get(after.id)?.finished_at, new Date(after.time).toISOString(), 'not before its own time');
   });
 }
