@@ -246,8 +246,11 @@ export interface Ledger {
   /** Apply versioned migrations (safe when two replicas start at once). */
   migrate(): Promise<void>;
   /**
-   * Settle reservations left open by a crash: charged in full, flagged. A reservation counts as
-   * left when it was made, and last said alive, more than `olderThanMs` ago. Returns how many.
+   * Settle reservations left open by a crash: charged in full, flagged, finished at `now`. A
+   * reservation counts as left when it was made, and last said alive, more than `olderThanMs` ago.
+   * Ago by which clock: on SQLite (one process) `now`'s; on PostgreSQL the database's own, for
+   * every replica alike — replicas' clocks differ, and one ahead would take another's live
+   * requests for a crash (ADR 0011) — so there `now` only stamps the settlement. Returns how many.
    */
   recoverStale(olderThanMs: number, now: number): Promise<number>;
   /**
@@ -258,7 +261,10 @@ export interface Ledger {
    * requests in flight. Returns how many.
    */
   recoverOpen(now: number): Promise<number>;
-  /** Say that these open reservations are still in flight, as of `now` (see recoverStale). */
+  /**
+   * Say that these open reservations are still in flight, as of `now` on SQLite; on PostgreSQL as
+   * of the database's time, and `now` is not used (see recoverStale).
+   */
   keepAlive(ids: readonly string[], now: number): Promise<void>;
   ping(): Promise<void>;
   close(): Promise<void>;
