@@ -246,11 +246,26 @@ export interface Ledger {
   /** Apply versioned migrations (safe when two replicas start at once). */
   migrate(): Promise<void>;
   /**
-   * Settle reservations left open by a crash: charged in full, flagged. A reservation counts as
-   * left when it was made, and last said alive, more than `olderThanMs` ago. Returns how many.
+   * Settle reservations left open by a crash: charged in full, flagged, finished at `now` (or at
+   * the row's own time, when later). A reservation counts as left when it was made, and last said
+   * alive, more than `olderThanMs` ago. Ago by which clock: on SQLite (one process) `now`'s; on
+   * PostgreSQL the database's own, for every replica alike — replicas' clocks differ, and one
+   * ahead would take another's live requests for a crash (ADR 0011) — so there `now` only stamps
+   * the settlement. Returns how many.
    */
   recoverStale(olderThanMs: number, now: number): Promise<number>;
-  /** Say that these open reservations are still in flight, as of `now` (see recoverStale). */
+  /**
+   * Settle every reservation still open, whatever its time says, as recoverStale does. Only for a
+   * ledger no other process is using — SQLite at start (one process per file, ADR 0016), where an
+   * open row can only be a crash's, even one stamped later than `now` (a restart with the clock
+   * set back). Never where replicas share the ledger: it would take their requests in flight.
+   * Returns how many.
+   */
+  recoverOpen(now: number): Promise<number>;
+  /**
+   * Say that these open reservations are still in flight, as of `now` on SQLite; on PostgreSQL as
+   * of the database's time, and `now` is not used (see recoverStale).
+   */
   keepAlive(ids: readonly string[], now: number): Promise<void>;
   ping(): Promise<void>;
   close(): Promise<void>;

@@ -177,11 +177,13 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   }
   // Reservations left open by a crash are settled conservatively before serving (SPEC §9).
   // SQLite has one gateway process per file, so every open reservation at start was left by a
-  // crash. Replicas sharing PostgreSQL may have requests in flight: there only reservations not
-  // made or kept alive for the threshold count, swept every minute, and each replica first keeps
-  // its own in-flight ones alive — a stream may outlast the threshold (ADR 0011).
+  // crash — all of them, whatever their time: a restart with the clock set back (before NTP) finds
+  // rows stamped after its own now, which a cutoff on time would leave reserved for good. Replicas
+  // sharing PostgreSQL may have requests in flight: there only reservations not made or kept alive
+  // for the threshold count, swept every minute, and each replica first keeps its own in-flight
+  // ones alive — a stream may outlast the threshold (ADR 0011).
   const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : 10 * 60_000);
-  const recovered = await ledger.recoverStale(staleMs, clock());
+  const recovered = ledger.kind === 'sqlite' ? await ledger.recoverOpen(clock()) : await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
   const inFlight = new Set<string>();
   const sweepEvery = opts.sweepIntervalMs ?? 60_000;

@@ -79,6 +79,8 @@ export function countsAsTurn(v: Pick<SettleValues, 'status' | 'chargeTokens'>): 
 /** What a stored row needs to be settled: the amounts it reserved and where. */
 export interface OpenRow {
   state: string;
+  /** When it was admitted, ms since the epoch (by the admitting process's clock). */
+  time: number;
   run: string;
   conversation: string;
   parent: string | null;
@@ -134,7 +136,9 @@ export function fromSettlement(row: OpenRow, s: Settlement): SettleValues {
 
 /**
  * A reservation left open (a crash between admit and settle): charged in full, at its worst-case
- * cost, so no budget is ever under-counted (ADR 0005).
+ * cost, so no budget is ever under-counted (ADR 0005). It finishes at `now`, or at its own time
+ * when that is later — a row stamped by a clock ahead of the recovering one's — so the export never
+ * shows a request that ended before it began.
  */
 export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
   return {
@@ -157,7 +161,7 @@ export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
     promptN: null,
     cacheN: null,
     fallback: false,
-    finishedAt: now,
+    finishedAt: Math.max(now, row.time),
   };
 }
 

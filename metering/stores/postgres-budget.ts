@@ -21,8 +21,18 @@ import {
 
 type Client = pg.PoolClient;
 
-const INSERT_ROW = `INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
-  VALUES (${RESERVATION_COLUMNS.map((_, i) => `$${i + 1}`).join(', ')})`;
+/**
+ * The database's time, ms since the epoch. Replicas' clocks differ (one ran 11 minutes ahead and
+ * recovered another's live stream), so whether a reservation is stale is judged on this one clock
+ * alone: it stamps `alive_at` and sets the cutoff (ADR 0011). `clock_timestamp()`, not `now()`: the
+ * moment the statement runs, not when its transaction began (an admission may wait on locks).
+ */
+export const DB_NOW_MS = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`;
+
+// A new reservation is alive as of the database's time, not of its `time` (the admitting
+// replica's clock): one replica's clock behind would make its fresh rows look stale to the others.
+const INSERT_ROW = `INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')}, alive_at)
+  VALUES (${RESERVATION_COLUMNS.map((_, i) => `$${i + 1}`).join(', ')}, ${DB_NOW_MS})`;
 const SETTLE_ROW = `UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c, i) => `${c} = $${i + 2}`).join(', ')}
   WHERE id = $1`;
 
@@ -153,7 +163,7 @@ export async function settleLocked(
   alsoWrite?: () => Promise<void>,
 ): Promise<MonthAfterSettle | null> {
   const found = await c.query<OpenRow>(
-    `SELECT state, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
+    `SELECT state, time, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
        allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
     [id],
   );

@@ -17,7 +17,7 @@ import type {
   TenantRecord,
 } from '../ledger.js';
 import { EXPORT_PAGE, fromSettlement, recoveredSettlement, toLedgerRow } from './ledger-row.js';
-import { admitLocked, settleLocked } from './postgres-budget.js';
+import { DB_NOW_MS, admitLocked, settleLocked } from './postgres-budget.js';
 import { assertSchemaName, migratePostgres } from './migrations-postgres.js';
 
 export interface PostgresLedgerOptions {
@@ -171,21 +171,35 @@ export class PostgresLedger implements Ledger {
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
+    // Judged on the database's clock, cutoff and `alive_at` alike, never on this replica's `now`
+    // (ADR 0011). A row's `time` is the admitting replica's clock: it counts only for a row an
+    // older build admitted without `alive_at` and no replica has said alive since.
     const { rows } = await this.pool.query<{ id: string }>(
-      `SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < $1 AND COALESCE(alive_at, time) < $1 ORDER BY time`,
-      [now - olderThanMs],
+      `SELECT id FROM ledger_rows WHERE state = 'reserved' AND COALESCE(alive_at, time) < ${DB_NOW_MS} - $1::bigint ORDER BY time`,
+      [olderThanMs],
     );
+    // The settlement's time is still this replica's: it is what the export shows, not a decision.
+    return this.recoverRows(rows, now);
+  }
+
+  async recoverOpen(now: number): Promise<number> {
+    const { rows } = await this.pool.query<{ id: string }>(`SELECT id FROM ledger_rows WHERE state = 'reserved' ORDER BY time`);
+    return this.recoverRows(rows, now);
+  }
+
+  private async recoverRows(ids: readonly { id: string }[], now: number): Promise<number> {
     let recovered = 0;
-    for (const { id } of rows) {
+    for (const { id } of ids) {
       // Another replica may recover (or the request settle) the same row: the row lock decides.
       if (await this.tx((c) => settleLocked(c, id, (row) => recoveredSettlement(row, now)))) recovered++;
     }
     return recovered;
   }
 
-  async keepAlive(ids: readonly string[], now: number): Promise<void> {
+  /** Stamped with the database's time: the replica's own `now` is not used (see recoverStale). */
+  async keepAlive(ids: readonly string[], _now: number): Promise<void> {
     if (ids.length === 0) return;
-    await this.pool.query(`UPDATE ledger_rows SET alive_at = $2 WHERE id = ANY($1::text[]) AND state = 'reserved'`, [ids, now]);
+    await this.pool.query(`UPDATE ledger_rows SET alive_at = ${DB_NOW_MS} WHERE id = ANY($1::text[]) AND state = 'reserved'`, [ids]);
   }
 
   async getHead(conversation: string): Promise<ConversationHead | null> {

@@ -76,12 +76,13 @@ export function prepareSqlite(db: Database.Database) {
 
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),
-    getOpenRow: s(`SELECT state, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
+    getOpenRow: s(`SELECT state, time, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
       allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = ?`),
     settleRow: s(`UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c) => `${c} = @${c}`).join(', ')}
       WHERE id = @id`),
     staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < @before
       AND COALESCE(alive_at, time) < @before ORDER BY time`),
+    openRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' ORDER BY time`),
     keepAlive: s(`UPDATE ledger_rows SET alive_at = @now
       WHERE id IN (SELECT value FROM json_each(@ids)) AND state = 'reserved'`),
     exportPage: s(`SELECT * FROM ledger_rows WHERE time >= @since AND time < @until

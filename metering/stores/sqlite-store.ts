@@ -324,7 +324,14 @@ export class SqliteLedger implements Ledger {
   }
 
   async recoverStale(olderThanMs: number, now: number): Promise<number> {
-    const ids = this.q.staleRows.all({ before: now - olderThanMs }) as { id: string }[];
+    return this.recoverRows(this.q.staleRows.all({ before: now - olderThanMs }) as { id: string }[], now);
+  }
+
+  async recoverOpen(now: number): Promise<number> {
+    return this.recoverRows(this.q.openRows.all() as { id: string }[], now);
+  }
+
+  private recoverRows(ids: readonly { id: string }[], now: number): number {
     let recovered = 0;
     // One transaction per row: a long recovery never holds the write lock for long.
     for (const { id } of ids) {

@@ -1,8 +1,8 @@
 // Where replicas share a store, each one sweeps reservations left open by a replica that went away
 // and keeps its own in-flight ones alive (ADR 0011): a stream that runs longer than the stale
 // threshold is never taken for a crash, while a dead replica's reservation still is. Run here on
-// the SQLite store with the sweep switched on and a test clock; the SQL is the same on PostgreSQL
-// (test/ledger/recovery.test.ts runs it on both).
+// the SQLite store with the sweep switched on and a test clock; PostgreSQL applies the same rule
+// on the database's clock instead (test/ledger/recovery.test.ts runs it on both).
 
 import t from 'tap';
 import { startOpenAiDouble } from '../doubles/openai.js';

@@ -24,6 +24,12 @@ export interface FreshStore {
   reopen(): Promise<Ledger>;
   /** SQLite: the file's path (for tests that spawn processes); postgres: null. */
   sqlitePath: string | null;
+  /**
+   * Make an open reservation last said alive `agoMs` ago by the clock its store judges staleness
+   * on (ADR 0011): `now` on SQLite (through keepAlive), the database's own on PostgreSQL — written
+   * in SQL there, as a replica that went away would have left it (keepAlive only says "now").
+   */
+  saidAlive(id: string, agoMs: number, now: number): Promise<void>;
 }
 
 export interface StoreFactory {
@@ -47,7 +53,8 @@ const sqliteFactory: StoreFactory = {
       for (const h of handles) await h.close();
       rmSync(dir, { recursive: true, force: true });
     });
-    return { ledger, reopen: open, sqlitePath: path };
+    const saidAlive = (id: string, agoMs: number, now: number) => ledger.keepAlive([id], now - agoMs);
+    return { ledger, reopen: open, sqlitePath: path, saidAlive };
   },
 };
 
@@ -70,7 +77,19 @@ function postgresFactory(url: string): StoreFactory {
         await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
         await admin.end();
       });
-      return { ledger, reopen: open, sqlitePath: null };
+      const saidAlive = async (id: string, agoMs: number) => {
+        const client = new pg.Client({ connectionString: url });
+        await client.connect();
+        try {
+          await client.query(
+            `UPDATE ${schema}.ledger_rows SET alive_at = (extract(epoch FROM clock_timestamp()) * 1000)::bigint - $2::bigint WHERE id = $1`,
+            [id, agoMs],
+          );
+        } finally {
+          await client.end();
+        }
+      };
+      return { ledger, reopen: open, sqlitePath: null, saidAlive };
     },
   };
 }

@@ -192,7 +192,7 @@ for (const factory of storeFactories(t)) {
     const crashed = reservation({ conversation: 'leaf', run: 'leaf-run', worstCaseUsd: 0.05 });
     t.same(await ledger.admit(crashed), { ok: true });
     await ledger.settle(lost.id, settlement(lost, 1));
-    t.equal(await ledger.recoverStale(1000, crashed.time + 600_000), 1);
+    t.equal(await ledger.recoverOpen(crashed.time + 600_000), 1);
     t.ok(near((await ledger.conversationSpend('top'))?.tasksUsd, 0.45), 'charged at its worst case');
     t.ok(near((await ledger.conversationSpend('top'))?.reservedUsd, 0));
   });
