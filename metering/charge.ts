@@ -3,6 +3,7 @@
 // is refunded when it ends.
 
 import type { ConversationHead } from './ledger.js';
+import { ageMs } from './clock-skew.js';
 
 /** Tokens of a rendered prefix that stay charged: the header the next turn adds to it. */
 export const HEADER_TOKENS_KEPT = 16;
@@ -27,6 +28,17 @@ export interface SharedPrefixInput {
   renderedByServer?: boolean;
 }
 
+/**
+ * Whether a prefix read at `headTime` can still be in the upstream's cache. A head from further
+ * ahead than clocks differ has no age to tell: it is taken as gone (SPEC §4: when the prefix cannot
+ * be assumed cached, charge in full). Read as fresh, it was credited for the whole step, an hour
+ * after the provider had dropped it.
+ */
+export function withinCacheLifetime(now: number, headTime: number, ttlSeconds: number): boolean {
+  const age = ageMs(now, headTime);
+  return age !== null && age <= ttlSeconds * 1000;
+}
+
 /** How many leading messages two prefix chains have in common. */
 export function sharedMessageCount(previous: string[], current: string[]): number {
   const max = Math.min(previous.length, current.length);
@@ -46,12 +58,13 @@ export function sharedMessageCount(previous: string[], current: string[]): numbe
  * Tokens of the rendered leading messages this request shares with the previous one. Nothing is
  * shared across a model or tool-offer change, with another server than the one that read the
  * previous request (its cache is elsewhere), when the upstream keeps no prompt cache, or when the
- * previous request is older than the upstream's cache lifetime.
+ * previous request is older than the upstream's cache lifetime — or of an age not known, written
+ * ahead of this clock (a clock stepped back: metering/clock-skew.ts).
  */
 export function sharedPrefixTokens(i: SharedPrefixInput): number {
   const { head, prefix } = i;
   if (!head || !prefix || !i.upstream.prefixCache) return 0;
-  if (i.now - head.time > i.upstream.prefixCacheTtlSeconds * 1000) return 0;
+  if (!withinCacheLifetime(i.now, head.time, i.upstream.prefixCacheTtlSeconds)) return 0;
   if (head.model !== i.model || head.toolHash !== i.toolHash) return 0;
   // A head from before servers were recorded (null) counts as this server: an upgrade must not
   // charge every open conversation in full (ADR 0004).

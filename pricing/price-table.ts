@@ -115,7 +115,8 @@ export class PriceTable {
     // time of day, so not for longer). A lookup at a given time is not cached.
     if (opts.at) return this.find(model, opts);
     const key = `${opts.providerId ?? ''}\u0000${model}`;
-    const now = Date.now();
+    // The minute is measured on a monotonic clock: one stepped back would keep a price for as long.
+    const now = performance.now();
     const hit = this.recent.get(key);
     if (hit && now - hit.at < LOOKUP_TTL_MS) return hit.price;
     const price = this.find(model, opts);

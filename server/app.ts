@@ -226,9 +226,10 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     metrics: initMetrics(opts.registry ?? new Registry(), { defaults: !opts.registry }),
     upstreams,
     auth: new Authenticator(config, guarded, { openWithoutKeys: opts.openWithoutKeys ?? true }),
-    counters: gatewayCounters(config, clock),
+    // Intervals inside this process (a refresh, a warning's minute) are on a monotonic clock, not `clock`.
+    counters: gatewayCounters(config),
     prices,
-    warnings: new NowAndThen(clock),
+    warnings: new NowAndThen(),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
     settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs),

@@ -37,6 +37,10 @@ export interface AuthOptions {
    * address: there, a gateway whose operator-made keys were all deleted refuses every request.
    */
   openWithoutKeys?: boolean;
+  /**
+   * A monotonic clock (ms) for how long the last look at the keys holds: with the wall clock, a
+   * step back of an hour kept a replica open for that hour after a key was made elsewhere.
+   */
   now?: () => number;
 }
 
@@ -53,7 +57,7 @@ export class Authenticator {
     options: AuthOptions = {},
   ) {
     this.openWithoutKeys = options.openWithoutKeys ?? true;
-    this.now = options.now ?? Date.now;
+    this.now = options.now ?? (() => performance.now());
     for (const key of config.auth.keys) {
       const hash = hashKey(key.key);
       // A stable, non-secret id for a configured key: a prefix of its hash.

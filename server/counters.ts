@@ -23,17 +23,21 @@ export interface Counters {
   close(): Promise<void>;
 }
 
-export function gatewayCounters(config: Config, clock: () => number): Counters {
+/**
+ * @param now a monotonic clock (ms) for the refresh: the wall clock stepped back would keep a
+ *   server's window, learnt before a restart with another -c, for as long as the step.
+ */
+export function gatewayCounters(config: Config, now: () => number = () => performance.now()): Counters {
   const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes, workers: config.tokenCache.workers });
   const learnt = new Map<string, { props: ServerProps; at: number }>();
   /** A llama.cpp server's /props, refreshed now and then; the last known (or nothing) if it is down. */
   const propsOf = async (upstream: Upstream): Promise<ServerProps | null> => {
-    const now = clock();
+    const at = now();
     const known = learnt.get(upstream.name);
-    if (known && now - known.at < WINDOW_REFRESH_MS) return known.props;
+    if (known && at - known.at < WINDOW_REFRESH_MS) return known.props;
     try {
       const props = await fetchServerProps(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined });
-      learnt.set(upstream.name, { props, at: now });
+      learnt.set(upstream.name, { props, at });
       return props;
     } catch {
       // Unknown is null, never a guess; the server's own 400 still guards its window.

@@ -14,6 +14,12 @@ import type { PrefixMemo } from '../metering/prefix-memo.js';
 import type { SettlementRetry } from './pipeline/settle-retry.js';
 import type { StoreFailures } from './ledger-guard.js';
 
+/**
+ * The wall clock (ms since the epoch), for times the ledger keeps and compares across restarts and
+ * replicas: a row's time, a head's, a run's start, the month. Not for intervals inside one process
+ * (a throttle, "for 10 s after"): those are on performance.now, which a step of the wall clock
+ * (NTP, an operator, a resumed VM) does not move.
+ */
 export type Clock = () => number;
 
 export interface Gateway {

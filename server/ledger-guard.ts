@@ -101,7 +101,11 @@ export const RECENT_FAILURE_MS = 10_000;
 export class StoreFailures {
   private readonly byMethod = new Map<PropertyKey, { at: number; code: string }>();
 
-  constructor(private readonly now: () => number = Date.now) {}
+  /**
+   * @param now a monotonic clock (ms): the wall clock stepped back an hour kept a failure "recent",
+   *   and the gateway unready, for that hour.
+   */
+  constructor(private readonly now: () => number = () => performance.now()) {}
 
   failed(method: PropertyKey, code: string): void {
     this.byMethod.set(method, { at: this.now(), code });

@@ -7,7 +7,8 @@ export const NOW_AND_THEN_MS = 60_000;
 export class NowAndThen {
   private readonly last = new Map<string, { at: number; held: number }>();
 
-  constructor(private readonly clock: () => number = Date.now, private readonly everyMs = NOW_AND_THEN_MS) {}
+  /** `clock`: monotonic (ms), so that a wall clock stepped back does not silence a warning for as long. */
+  constructor(private readonly clock: () => number = () => performance.now(), private readonly everyMs = NOW_AND_THEN_MS) {}
 
   /** Null while `key` was written less than a minute ago; else how many were held back since. */
   due(key: string): { heldBack: number } | null {

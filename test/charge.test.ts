@@ -2,6 +2,7 @@
 // previous one, and never more.
 import t from 'tap';
 import { sharedPrefixTokens, promptChargeFor } from '../metering/charge.js';
+import { CLOCK_SKEW_TOLERANCE_MS } from '../metering/clock-skew.js';
 
 const upstream = { prefixCache: true, prefixCacheTtlSeconds: 3600, serverId: 'llama-1' };
 const head = (prefix: number[], prefixDigests: string[] | null = null) => ({ model: 'm', toolHash: '', serverId: 'llama-1', chain: ['u1', 'a1', 't1'], prefix, prefixDigests, time: 0 });
@@ -46,4 +47,17 @@ t.test('the check applies to conversations whose assistant turns carry reasoning
   t.equal(carriesReasoning({ role: 'assistant', content: 'ok', reasoning: 'the user wants…' } as never), true);
   t.equal(carriesReasoning({ role: 'assistant', content: '<think>the user wants…</think>ok' }), true, 'reasoning inline');
   t.equal(carriesReasoning({ role: 'user', content: '<think>' }), false, 'only assistant turns');
+});
+
+t.test('a head written ahead of this clock by more than clocks differ (one stepped back) shares nothing; a replica a little ahead is now', async (t) => {
+  const hour = 3_600_000;
+  const now = 10 * hour;
+  const fiveMinutes = { ...upstream, prefixCacheTtlSeconds: 300 };
+  const current = { chain: ['u1', 'a1', 't1', 'u2'], prefix: [12, 30, 50, 80, 90], model: 'm', toolHash: '', now, upstream: fiveMinutes };
+  const readAt = (time: number) => ({ ...head([12, 30, 50, 80]), time });
+  t.equal(sharedPrefixTokens({ ...current, head: readAt(now - 1_000) }), 80, 'a second ago: shared');
+  t.equal(sharedPrefixTokens({ ...current, head: readAt(now + CLOCK_SKEW_TOLERANCE_MS) }), 80, "written by a replica whose clock is a little ahead: as now");
+  t.equal(sharedPrefixTokens({ ...current, head: readAt(now - 301_000) }), 0, 'past the lifetime: nothing');
+  // The clock stepped back an hour, and ten real minutes passed: the head reads 50 minutes ahead.
+  t.equal(sharedPrefixTokens({ ...current, head: readAt(now + hour - 600_000) }), 0, 'an age not known: nothing (it was credited as fresh)');
 });

@@ -2,6 +2,7 @@
 // and a refusal (SPEC §5, §11; ADR 0007). Pure: the caller supplies the clock and the budget left.
 
 import type { RunInspection } from './run-state.js';
+import { ageMs } from '../clock-skew.js';
 
 /** `null` turns a bound off. Field names match the `runs` section of the config file. */
 export interface RunBounds {
@@ -106,6 +107,17 @@ export function mergeRunBounds(base: Readonly<RunBounds>, ...overrides: Array<Pa
 
 export type FinalReason = 'rounds' | 'patience' | 'time' | 'tokens';
 
+/**
+ * Whether a run that started at `startedAt` has spent its time. A start further in the future than
+ * clocks differ (a clock stepped back since) has no elapsed time to tell: it counts as spent, so the
+ * run ends now with its final answer. Taken as no time at all, it ran on unbounded for the whole
+ * step; SPEC §5 wants every run bounded and ending with an answer (ADR 0007).
+ */
+export function runTimeSpent(now: number, startedAt: number, budgetSeconds: number): boolean {
+  const elapsed = ageMs(now, startedAt);
+  return elapsed === null || elapsed >= budgetSeconds * 1000;
+}
+
 export type ModeDecision =
   | { mode: 'normal' }
   | { mode: 'final-answer'; reason: FinalReason }
@@ -161,7 +173,7 @@ export function decideMode(input: ModeInput): ModeDecision {
     if (
       bounds.timeBudgetSeconds !== null &&
       i.runStartedAt !== null &&
-      i.now - i.runStartedAt >= bounds.timeBudgetSeconds * 1000
+      runTimeSpent(i.now, i.runStartedAt, bounds.timeBudgetSeconds)
     ) {
       return 'time';
     }

@@ -82,11 +82,15 @@ export class WalCheckpointer {
   private readonly walPath: string;
   private worker: Worker | null = null;
   private inFlight = false;
-  private lastStart = 0;
+  /** When the last checkpoint was asked for (ms, monotonic). */
+  private lastStart = -Infinity;
   private commits = 0;
   private closed = false;
   private readonly s: CheckpointerStats = { checkpoints: 0, framesCheckpointed: 0, running: false, failed: null, lastError: null, restarts: 0 };
-  /** No checkpoint (or, once failed, no new worker) before this time (ms). */
+  /**
+   * No checkpoint (or, once failed, no new worker) before this time (ms, monotonic: on the wall
+   * clock, a step back of an hour stopped checkpoints for that hour while the -wal file grew).
+   */
   private notBefore = 0;
 
   /**
@@ -112,12 +116,12 @@ export class WalCheckpointer {
       // A worker that failed is replaced once a while has passed: a cause that has gone (the disk
       // had filled) must not leave checkpoints on the event loop until the next start.
       if (this.s.failed !== null) {
-        if (Date.now() < this.notBefore) return;
+        if (performance.now() < this.notBefore) return;
         this.s.restarts++;
       }
       this.start();
     }
-    const now = Date.now();
+    const now = performance.now();
     if (now - this.lastStart < INTERVAL_MS || now < this.notBefore) return;
     this.lastStart = now;
     this.inFlight = true;
@@ -136,7 +140,7 @@ export class WalCheckpointer {
       // The checkpoint failed, not the worker: it tries again a little later (said once, not each time).
       if (this.s.lastError === null) this.onEvent({ event: 'checkpoint-failed', reason: r.error });
       this.s.lastError = r.error;
-      this.notBefore = Date.now() + RETRY_CHECKPOINT_MS;
+      this.notBefore = performance.now() + RETRY_CHECKPOINT_MS;
     }
   }
 
@@ -187,7 +191,7 @@ export class WalCheckpointer {
 
   private fail(reason: string): void {
     this.s.failed = reason;
-    this.notBefore = Date.now() + this.restartAfterMs;
+    this.notBefore = performance.now() + this.restartAfterMs;
     this.s.running = false;
     this.inFlight = false;
     if (!this.closed) {

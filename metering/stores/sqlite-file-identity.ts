@@ -26,7 +26,8 @@ function identityOf(path: string): string | null {
 
 export class LedgerFileIdentity {
   private readonly opened: string | null;
-  private checkedAt = 0;
+  /** When the file was last looked at (ms, monotonic: a wall clock stepped back would stop the looks). */
+  private checkedAt = -Infinity;
   private replaced = false;
 
   constructor(private readonly path: string) {
@@ -37,7 +38,7 @@ export class LedgerFileIdentity {
   check(always = false): void {
     if (this.opened === null) return;
     if (!this.replaced) {
-      const now = Date.now();
+      const now = performance.now();
       if (!always && now - this.checkedAt < CHECK_EVERY_MS) return;
       this.checkedAt = now;
       this.replaced = identityOf(this.path) !== this.opened;

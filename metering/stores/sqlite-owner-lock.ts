@@ -64,12 +64,13 @@ export interface OwnerLockOptions {
 /** Takes the ledger's owner lock, waiting up to `waitMs` for another process to let it go. */
 export async function acquireOwnerLock(path: string, opts: OwnerLockOptions = {}): Promise<OwnerLock> {
   const waitMs = opts.waitMs ?? OWNER_LOCK_WAIT_MS;
-  const started = Date.now();
+  // Monotonic: a wall clock stepped back would wait for the lock as long again, one stepped on would give up at once.
+  const started = performance.now();
   let told = false;
   for (;;) {
     const lock = tryLock(path);
     if (lock) return lock;
-    const waited = Date.now() - started;
+    const waited = performance.now() - started;
     if (waited >= waitMs) throw new LedgerInUseError(path, waited);
     if (!told) {
       told = true;

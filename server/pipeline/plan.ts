@@ -25,6 +25,7 @@ import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estima
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
 import { LlamaCppCountError } from '../../metering/tokenizers/llamacpp-counter.js';
 import { runBudgetFor } from '../../metering/stores/admission-check.js';
+import { ageMs } from '../../metering/clock-skew.js';
 
 export interface Headers {
   [name: string]: string | string[] | undefined;
@@ -231,6 +232,20 @@ async function countAll(
 }
 
 /**
+ * A head or run start written ahead of this clock by more than replicas' clocks differ: this
+ * clock was stepped back since (or the writer's is far ahead). The charge and the run's time take
+ * such an age as unknown (metering/clock-skew.ts); the operator is told, once a minute at most,
+ * since every conversation open across the step says the same.
+ */
+function warnIfClockStepped(gw: Gateway, now: number, ...written: Array<number | undefined>): void {
+  const ahead = written.filter((w): w is number => w !== undefined && ageMs(now, w) === null);
+  if (ahead.length === 0) return;
+  const aheadMs = Math.max(...ahead) - now;
+  const due = gw.warnings.due('clock-stepped-back');
+  if (due) gw.log.warn({ ahead_ms: aheadMs, held_back: due.heldBack }, 'the ledger holds times ahead of this clock (was it stepped back?): their prefixes are charged in full and their runs end with their answer');
+}
+
+/**
  * Whether a request is small enough for the exact second count: its texts, as JSON, within the
  * recount's budget, so that one request never costs the worker more than about half a second.
  */
@@ -403,6 +418,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // ledger's index (and a new conversation's id grows with time: ADR 0015).
   const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
   const runState = messages && source !== 'new' ? await gw.ledger.getRun(run) : null;
+  warnIfClockStepped(gw, time, head?.time, runState?.startedAt);
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const combined = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
   // The reserve that applies, as a figure (what /v1/admission shows), from the budget it comes out of.

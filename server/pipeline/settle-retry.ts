@@ -12,6 +12,7 @@ import { isLedgerUnavailable, storeCode, storeMessage } from '../ledger-guard.js
 interface Pending {
   settlement: Settlement;
   head?: ConversationHead;
+  /** When it was kept (ms, monotonic), for the log's `waitedMs`: not a time the ledger stores. */
   since: number;
 }
 
@@ -53,7 +54,7 @@ export class SettlementRetry {
   /** Keep a settlement the ledger refused, to write it later; `err` is what the ledger said. */
   add(id: string, settlement: Settlement, head: ConversationHead | undefined, err: unknown): void {
     this.failure = err;
-    this.pending.set(id, { settlement, head, since: Date.now() });
+    this.pending.set(id, { settlement, head, since: performance.now() });
     this.log.error({ id, err, waiting: this.pending.size }, 'the ledger could not settle a finished request: kept, and tried again until written');
     this.schedule();
   }
@@ -103,10 +104,10 @@ export class SettlementRetry {
         return;
       }
       this.done(id);
-      if (settledNow) this.log.info({ id, waitedMs: Date.now() - p.since }, 'settlement written after the ledger came back');
+      if (settledNow) this.log.info({ id, waitedMs: Math.round(performance.now() - p.since) }, 'settlement written after the ledger came back');
       // Another replica's sweep took it for a crash's first (the store was away past its threshold):
       // it stands as recovered, charged in full; settling is once per row.
-      else this.log.warn({ id, waitedMs: Date.now() - p.since }, 'the reservation had been recovered in full meanwhile: its real figures were not applied');
+      else this.log.warn({ id, waitedMs: Math.round(performance.now() - p.since) }, 'the reservation had been recovered in full meanwhile: its real figures were not applied');
     }
     this.failure = null;
   }

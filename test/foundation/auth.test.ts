@@ -9,6 +9,8 @@ import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import { sdkStatus } from '../helpers/sdk.js';
 import { collect } from '../helpers/stores.js';
+import { HOUR_MS, sleep, steppableWallClock } from '../helpers/wall-clock.js';
+import { hashKey } from '../../server/auth.js';
 
 const KEY = 'tg-foundation-key';
 const chat = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 8 };
@@ -204,6 +206,25 @@ t.test('a key made with the operator API closes a gateway that had none; deletin
   t.equal((await post('tg-anything')).status, 200, 'no keys left: open again, on loopback');
   const rows = await collect(gw.ledger.exportRows(null, null));
   t.same(rows.map((r) => r.tenant), ['local', 'acme', 'local'], 'the refused requests left no row; the others are billed to who sent them');
+});
+
+t.test('a key made on another replica closes a key-less gateway within a second, though the wall clock is stepped back an hour (regression)', async (t) => {
+  const wall = steppableWallClock(t);
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] });
+  const post = () => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(chat) });
+  t.equal((await post()).status, 200, 'no keys anywhere: open');
+  // 1. The wall clock is stepped back an hour.
+  wall.step(-HOUR_MS);
+  // 2. Another replica on the same ledger makes a key: this one is not told (no keysChanged).
+  await gw.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+  await gw.ledger.createKey({ id: 'key-elsewhere', tenant: 'acme', name: null, hash: hashKey('tg-made-elsewhere') });
+  // 3. A second passes: the last look at the keys no longer holds.
+  await sleep(1_100);
+  const res = await post();
+  t.equal(res.status, 401, 'closed: not open for the hour the clock went back');
+  t.equal(((await res.json()) as { error: { code: string } }).error.code, 'missing_api_key');
 });
 
 t.test('a gateway that may not serve without keys (not on loopback) refuses every request while it has none', async (t) => {

@@ -87,6 +87,32 @@ t.test("failures do not keep a cached prefix alive past its lifetime", async (t)
   t.equal(late.shared, 0, '800 s after the last read: nothing is cached any more');
 });
 
+// Audit: with the clock stepped back an hour after a read, the head's age was negative for the
+// hour, passed the lifetime test, and a prefix long dropped was credited as shared.
+t.test('a prefix read before the clock was stepped back is not credited: its age is unknown', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { prefixCacheTtlSeconds: 300 })] }, { clock: true });
+  const warnings: unknown[] = [];
+  gw.app.gateway.log.warn = ((obj: unknown, msg?: string) => void warnings.push({ obj, msg })) as typeof gw.app.gateway.log.warn;
+  const send = client(gw.url);
+  const headers = { 'x-tollgate-conversation': 'stepped' };
+  const turn1 = { model: 'gpt-4o', max_tokens: 50, messages: [system, { role: 'user', content: 'What is the capital of France? '.repeat(10) }] };
+  // 1. A first read; 2. the clock is stepped back an hour; 3. ten real minutes pass.
+  t.equal((await send(turn1, headers)).status, 200);
+  gw.now.ms -= 3_600_000;
+  gw.now.ms += 600_000;
+  const turn2 = { ...turn1, messages: [...turn1.messages, { role: 'assistant', content: ' hi hi hi' }, { role: 'user', content: 'And Spain?' }] };
+  const late = await send(turn2, headers);
+  t.equal(late.status, 200);
+  t.equal(late.shared, 0, 'charged its whole prompt');
+  t.match(warnings, [{ obj: { ahead_ms: 3_000_000 }, msg: /ahead of this clock/ }], 'the operator is told, once');
+  // 4. The next turn's head is written by the stepped clock: sharing goes on as before.
+  const turn3 = { ...turn2, messages: [...turn2.messages, { role: 'assistant', content: ' hi hi hi' }, { role: 'user', content: 'And Italy?' }] };
+  t.ok((await send(turn3, headers)).shared > 0, 'the turn after shares again');
+  t.equal(warnings.length, 1);
+});
+
 t.test('a shared prefix is charged once; unused output is refunded', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);

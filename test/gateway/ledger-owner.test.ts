@@ -9,6 +9,11 @@ import { parseConfig } from '../../server/config.js';
 import type { LedgerRow } from '../../metering/ledger.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { openaiUpstream, startGateway } from '../helpers/gateway.js';
+import { HOUR_MS, sleep, steppableWallClock } from '../helpers/wall-clock.js';
+import { acquireOwnerLock } from '../../metering/stores/sqlite-owner-lock.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 async function rowsOf(ledger: { exportRows(a: null, b: null): AsyncIterable<LedgerRow> }): Promise<LedgerRow[]> {
   const rows: LedgerRow[] = [];
@@ -72,4 +77,20 @@ t.test('a gateway waiting for the file starts once the process holding it stops 
     body: JSON.stringify({ model: 'gpt-4o', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }] }),
   });
   t.equal(res.status, 200, 'and serves once it has the file');
+});
+
+t.test('a gateway waiting for the file gives up after its wait, though the wall clock is stepped back an hour meanwhile (regression)', async (t) => {
+  const wall = steppableWallClock(t);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-owner-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'ledger.db');
+  const held = await acquireOwnerLock(path);
+  t.teardown(() => held.release());
+  const waiting = acquireOwnerLock(path, { waitMs: 300 });
+  // 1. While it waits, the wall clock is stepped back an hour.
+  await sleep(50);
+  wall.step(-HOUR_MS);
+  // 2. Well past its wait (300 ms), it has given up.
+  const outcome = await Promise.race([waiting.then(() => 'took the lock', (err: unknown) => err), sleep(3_000).then(() => 'still waiting')]);
+  t.match(outcome, { name: 'LedgerInUseError' }, 'refused after its wait, not an hour later');
 });

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, llamaUpstream, metricValue } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
+import { HOUR_MS, steppableWallClock } from '../helpers/wall-clock.js';
 
 const fixtures = new URL('../../../shared/fixtures/llamacpp/', import.meta.url);
 const fixture = (name: string) => JSON.parse(readFileSync(new URL(name, fixtures), 'utf8')) as Record<string, unknown>;
@@ -226,4 +227,21 @@ t.test("the pre-count renders the template with the request's template fields, s
     t.equal(res.status, 200, label);
     t.equal(Number(res.headers.get('x-tollgate-reserved-tokens')) - 4, body.usage.prompt_tokens, `${label}: the pre-count is the server's prompt_tokens (${body.usage.prompt_tokens})`);
   }
+});
+
+t.test("a llama.cpp server's window is learnt again after a minute of this process, not by the wall clock (regression)", async (t) => {
+  const wall = steppableWallClock(t);
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const post = () =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] }) });
+  const props = () => llama.requests.filter((r) => r.path === '/props').length;
+  t.equal((await post()).status, 200);
+  const learnt = props();
+  t.ok(learnt >= 1, 'the window was learnt from /props');
+  // A step of the wall clock is no minute passing (one back would have kept the window for an hour).
+  wall.step(HOUR_MS);
+  t.equal((await post()).status, 200);
+  t.equal(props(), learnt, 'not asked again');
 });

@@ -7,10 +7,12 @@ import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import { openStore } from '../../metering/stores/open-store.js';
 import { collect } from '../helpers/stores.js';
+import { HOUR_MS, sleep, steppableWallClock } from '../helpers/wall-clock.js';
 import type { Ledger } from '../../metering/ledger.js';
-import { copyFileSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { LedgerFileIdentity, LEDGER_FILE_REPLACED } from '../../metering/stores/sqlite-file-identity.js';
 
 /** An SQLite ledger whose next `failures` settlements fail as a full disk does. */
 async function failingLedger(t: Test, failures: number): Promise<{ ledger: Ledger; failed: () => number }> {
@@ -204,6 +206,20 @@ t.test('readiness forgets a store failure once the same call succeeds, or after 
   t.equal(failures.recent(), null, 'cleared by the same call succeeding');
 });
 
+t.test('readiness forgets a store failure on time though the wall clock is stepped back an hour (regression)', async (t) => {
+  const { StoreFailures } = await import('../../server/ledger-guard.js');
+  const wall = steppableWallClock(t);
+  // The gateway's own: its clock is the default one, not a test's.
+  const failures = new StoreFailures();
+  failures.failed('admit', 'SQLITE_FULL');
+  // 1. NTP steps the wall clock back an hour.
+  wall.step(-HOUR_MS);
+  t.equal(failures.recent(50), 'SQLITE_FULL', 'recent just after');
+  // 2. The failure's time (50 ms here, 10 s in the gateway) passes.
+  await sleep(80);
+  t.equal(failures.recent(50), null, 'forgotten once its time has passed, not an hour later (the gateway stayed unready that long)');
+});
+
 t.test('a ledger file deleted or replaced under a running gateway: not ready, and new requests refused, since their rows would be lost', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 5 });
   t.teardown(upstream.close);
@@ -222,4 +238,21 @@ t.test('a ledger file deleted or replaced under a running gateway: not ready, an
   t.same(await refused.json(), { error: { message: 'the ledger could not be read or written (LEDGER_FILE_REPLACED); its file was deleted or replaced while the gateway ran, and no retry helps until the gateway is restarted', type: 'server_error', param: null, code: 'ledger_unavailable' } });
   t.equal(refused.headers.get('x-should-retry'), 'false', 'and the SDKs are told not to retry it at once');
   t.equal(upstream.requests.filter((r) => r.method === 'POST').length, 1, 'the refused request was not sent');
+});
+
+t.test('admissions see a replaced ledger file within a second, though the wall clock is stepped back an hour (regression)', async (t) => {
+  const wall = steppableWallClock(t);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-file-identity-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'ledger.db');
+  writeFileSync(path, 'a ledger');
+  const file = new LedgerFileIdentity(path);
+  file.check();
+  // 1. The wall clock is stepped back an hour; 2. a restore copies another file over the ledger.
+  wall.step(-HOUR_MS);
+  renameSync(path, `${path}.old`);
+  copyFileSync(`${path}.old`, path);
+  // 3. A second passes: the next admission looks at the file again.
+  await sleep(1_100);
+  t.throws(() => file.check(), { code: LEDGER_FILE_REPLACED }, 'seen, not an hour later');
 });

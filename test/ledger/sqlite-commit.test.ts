@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { SqliteLedger } from '../../metering/stores/sqlite-store.js';
 import { WalCheckpointer, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES, type CheckpointEvent } from '../../metering/stores/sqlite-checkpointer.js';
 import { reservation, settlement, collect } from '../helpers/stores.js';
+import { HOUR_MS, steppableWallClock } from '../helpers/wall-clock.js';
 
 function tempLedger(t: { teardown(fn: () => unknown): void }) {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-commit-'));
@@ -125,6 +126,35 @@ t.test('a checkpoint worker that failed is replaced once its cause has gone', as
   t.match(cp.stats(), { failed: null, running: true, restarts: 1 }, 'a new worker runs');
   t.ok(cp.stats().checkpoints >= 1, 'and checkpoints');
   t.same(settings, [FALLBACK_AUTOCHECKPOINT_PAGES, DEFAULT_AUTOCHECKPOINT_PAGES, FALLBACK_AUTOCHECKPOINT_PAGES], 'the connection’s own threshold raised again');
+});
+
+t.test('the worker goes on checkpointing after the wall clock is stepped back an hour (regression)', async (t) => {
+  const wall = steppableWallClock(t);
+  const path = tempLedger(t);
+  const db = new Database(path);
+  t.teardown(() => db.close());
+  db.pragma('journal_mode = WAL');
+  db.exec('CREATE TABLE t (x)');
+  const cp = new WalCheckpointer(path, 'NORMAL', () => {}, 0);
+  t.teardown(() => cp.close());
+  const write = () => {
+    db.exec('INSERT INTO t VALUES (1)');
+    cp.afterCommit();
+  };
+  // 1. Commits until the worker has checkpointed once.
+  for (let i = 0; i < 300 && cp.stats().checkpoints === 0; i++) {
+    write();
+    await sleep(10);
+  }
+  const before = cp.stats().checkpoints;
+  t.ok(before >= 1, 'checkpointed');
+  // 2. NTP steps the wall clock back an hour; commits go on for longer than a checkpoint's interval.
+  wall.step(-HOUR_MS);
+  for (let i = 0; i < 300 && cp.stats().checkpoints === before; i++) {
+    write();
+    await sleep(10);
+  }
+  t.ok(cp.stats().checkpoints > before, 'checkpointed again, not an hour later (the -wal file grew meanwhile)');
 });
 
 t.test("a head's chain is stored back to back when its hashes share a width, and read back either way", async (t) => {

@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { PriceTable } from '../../pricing/price-table.js';
 import { parsePriceOverrides, PriceOverridesError } from '../../pricing/price-overrides.js';
 import { ratesAt } from '../../pricing/model-price.js';
+import { HOUR_MS, steppableWallClock } from '../helpers/wall-clock.js';
 
 t.test('catalogue: a known OpenAI model has per-Mtok prices, provider and versioned source', async (t) => {
   const table = PriceTable.load();
@@ -136,4 +137,24 @@ t.test('override file: unreadable or invalid JSON are named errors', async (t) =
   const dir = t.testdir({ 'broken.json': '{ not json' });
   t.throws(() => PriceTable.load(join(dir, 'broken.json')), /prices\.overrides: .*broken\.json is not valid JSON/);
   t.throws(() => PriceTable.load(join(dir, 'missing.json')), /prices\.overrides: cannot read/);
+});
+
+t.test('a price is remembered for a minute of this process, whatever the wall clock does (regression)', async (t) => {
+  const wall = steppableWallClock(t);
+  const table = PriceTable.load();
+  // What the lookups found anew rather than remembered.
+  const inner = table as unknown as { find: (...args: unknown[]) => unknown };
+  const find = inner.find.bind(table);
+  let found = 0;
+  inner.find = (...args) => {
+    found++;
+    return find(...args);
+  };
+  table.lookup('gpt-4o');
+  table.lookup('gpt-4o');
+  t.equal(found, 1, 'the second lookup is remembered');
+  // A step of the wall clock is no minute passing (one back would have kept the price for an hour).
+  wall.step(HOUR_MS);
+  table.lookup('gpt-4o');
+  t.equal(found, 1, 'still remembered: the minute is measured in this process');
 });

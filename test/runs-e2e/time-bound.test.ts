@@ -74,3 +74,23 @@ t.test('a system prompt with a clock line, rewritten every turn, keeps the run: 
   t.equal(third.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=time', '80 s after the run began: the answer');
   t.same(third.toolCalls, []);
 });
+
+// Audit: with the clock stepped back an hour after a run began, its elapsed time was negative and
+// its time bound never ended it. Its time is unknown: it ends now, with its answer (ADR 0007).
+t.test('a run begun before the clock was stepped back goes to its final answer, reason=time', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { timeBudgetSeconds: 300 } }, { clock: true });
+  const c = client(gw.url);
+  const messages: Parameters<typeof turn>[1] = [{ role: 'user', content: 'Which upstreams does Tollgate support?' }];
+  const first = await turn(c, messages, { stream: false, conversation: 'conv-stepped' });
+  t.equal(first.toolCalls.length, 1);
+  appendToolRound(messages, first.toolCalls, defaultToolResult);
+  // 1. The clock is stepped back an hour; 2. ten real minutes pass (twice the run's time).
+  gw.now.ms -= 3_600_000;
+  gw.now.ms += 600_000;
+  const second = await turn(c, messages, { stream: false, conversation: 'conv-stepped' });
+  t.equal(second.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=time', 'ended, with its answer');
+  t.same(second.toolCalls, []);
+  t.equal(second.content, ' hi hi hi');
+});

@@ -10,6 +10,7 @@ import {
   type RunBounds,
 } from '../../metering/runs/bounds.js';
 import { inspectRun } from '../../metering/runs/run-state.js';
+import { CLOCK_SKEW_TOLERANCE_MS } from '../../metering/clock-skew.js';
 
 const T0 = 1_700_000_000_000;
 
@@ -109,6 +110,14 @@ t.test('time, with an injected clock', async (t) => {
   t.same(decideMode(input({ runStartedAt: started, now: T0 })), { mode: 'final-answer', reason: 'time' });
   t.same(decideMode(input({ runStartedAt: null, now: T0 })), { mode: 'normal' }, 'the first request starts the clock');
   t.same(decideMode(input({ runStartedAt: started, now: T0, bounds: { timeBudgetSeconds: null } })), { mode: 'normal' }, 'off');
+});
+
+t.test('time: a start further ahead than clocks differ (a clock stepped back) ends the run with its answer; a replica a little ahead does not', async (t) => {
+  const hour = 3_600_000;
+  // The clock stepped back an hour after the run began, and ten real minutes passed.
+  t.same(decideMode(input({ runStartedAt: T0 + hour - 600_000, now: T0 })), { mode: 'final-answer', reason: 'time' }, 'not a run without a time bound');
+  t.same(decideMode(input({ runStartedAt: T0 + CLOCK_SKEW_TOLERANCE_MS, now: T0 })), { mode: 'normal' }, 'begun on a replica a little ahead: just begun');
+  t.same(decideMode(input({ runStartedAt: T0 + hour, now: T0, bounds: { timeBudgetSeconds: null } })), { mode: 'normal' }, 'no time bound: nothing to end');
 });
 
 t.test('tokens: a tools request must leave the answer reserve', async (t) => {
