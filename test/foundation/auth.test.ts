@@ -218,7 +218,7 @@ t.test('a key made on another replica closes a key-less gateway within a second,
   // 1. The wall clock is stepped back an hour.
   wall.step(-HOUR_MS);
   // 2. Another replica on the same ledger makes a key: this one is not told (no keysChanged).
-  await gw.ledger.upsertTenant({ id: 'acme', monthlyBudgetUsd: null });
+  await gw.ledger.createTenant({ id: 'acme', monthlyBudgetUsd: null });
   await gw.ledger.createKey({ id: 'key-elsewhere', tenant: 'acme', name: null, hash: hashKey('tg-made-elsewhere') });
   // 3. A second passes: the last look at the keys no longer holds.
   await sleep(1_100);
