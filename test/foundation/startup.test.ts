@@ -62,7 +62,12 @@ async function waitHealthy(url: string, s: Started): Promise<void> {
   void s.exited.then(() => (done = true));
   while (!done) {
     try {
-      if ((await fetch(`${url}/healthz`)).ok) return;
+      if ((await fetch(`${url}/healthz`)).ok) {
+        // What the start logged reaches this process by a pipe, which the answer can overtake: the
+        // line Fastify writes once listening comes after every line of the start.
+        for (let i = 0; i < 50 && !s.stdout().includes('Server listening at'); i++) await new Promise((r) => setTimeout(r, 20));
+        return;
+      }
     } catch {
       // not listening yet
     }
