@@ -237,6 +237,9 @@ export interface LedgerRow {
   finished_at: string | null;
 }
 
+/** Which of a row's times an export's window is on (`Ledger.exportRows`). */
+export type ExportWindow = 'time' | 'settled';
+
 export interface Ledger {
   readonly kind: 'sqlite' | 'postgres';
   /** Where the ledger is, for a log line: the SQLite file, or PostgreSQL's host, database and schema (no credentials). */
@@ -315,7 +318,13 @@ export interface Ledger {
   hasKeys(): Promise<boolean>;
 
   // Export.
-  exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow>;
+  /**
+   * The rows whose time falls in [since, until), in its order: by default the time each request
+   * began (every row, open ones as they stand now); with `'settled'`, the time it was settled
+   * (settled and recovered rows only) — the window a billing job can read back to back without
+   * missing or repeating a settled row.
+   */
+  exportRows(sinceMs: number | null, untilMs: number | null, by?: ExportWindow): AsyncIterable<LedgerRow>;
   /**
    * Retention: delete up to `limit` finished rows (settled or recovered) older than `untilMs`, the
    * oldest first; returns how many went. Open reservations are never deleted, and no budget, spend

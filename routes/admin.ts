@@ -245,10 +245,15 @@ const route: FastifyPluginAsync = async (app) => {
     return { deleted, heads_deleted: history.heads, runs_deleted: history.runs, until: new Date(until).toISOString() };
   });
 
-  app.get<{ Querystring: { since?: string; until?: string } }>('/admin/ledger', async (request, reply) => {
+  app.get<{ Querystring: { since?: string; until?: string; by?: string } }>('/admin/ledger', async (request, reply) => {
     const since = timeParam(request.query.since, 'since');
     const until = timeParam(request.query.until, 'until');
-    const rows = ledger().exportRows(since, until)[Symbol.asyncIterator]();
+    // `by=settled`: the window is on when each request was settled, so exports read back to back
+    // (each `since` the last `until`) see every settled row once — by the time a request began, one
+    // still running at a cut is exported open, and its settled figures fall in no later window.
+    const by = request.query.by ?? 'time';
+    if (by !== 'time' && by !== 'settled') throw new GatewayError('invalid_request', `by: must be "time" (when each request began; the default) or "settled" (when it was settled)`, {}, 'by');
+    const rows = ledger().exportRows(since, until, by)[Symbol.asyncIterator]();
     // The first page is read before the head is written: a store that fails at once is answered
     // like every other error (a 500 in the envelope), not with a 200 that never ends.
     let next = await rows.next();

@@ -164,6 +164,12 @@ CREATE INDEX ledger_rows_open ON ledger_rows (time) WHERE state = 'reserved';
 ALTER TABLE ledger_rows ADD COLUMN price_source TEXT;
 ALTER TABLE ledger_rows ADD COLUMN price_date TEXT;`,
   },
+  {
+    version: 8,
+    // The export by settlement time (`GET /admin/ledger?by=settled`): settled rows in the order
+    // they were settled. Open rows have no finished_at and are not in it.
+    sql: `CREATE INDEX ledger_rows_by_finished ON ledger_rows (finished_at, id) WHERE finished_at IS NOT NULL;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

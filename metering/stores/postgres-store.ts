@@ -15,6 +15,7 @@ import type {
   RunState,
   Settlement,
   TenantRecord,
+  ExportWindow,
 } from '../ledger.js';
 import { EXPORT_PAGE, fromSettlement, recoveredSettlement, toLedgerRow } from './ledger-row.js';
 import { DB_NOW_MS, admitLocked, settleLocked } from './postgres-budget.js';
@@ -373,21 +374,22 @@ export class PostgresLedger implements Ledger {
     return { deleted: rowCount ?? 0, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }
 
-  async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
+  async *exportRows(sinceMs: number | null, untilMs: number | null, by: ExportWindow = 'time'): AsyncIterable<LedgerRow> {
     // Keyset pages: no long-lived cursor or transaction, memory bounded by one page.
+    const column = by === 'settled' ? 'finished_at' : 'time';
     let after = { time: Number.MIN_SAFE_INTEGER, id: '' };
     const since = sinceMs ?? Number.MIN_SAFE_INTEGER;
     const until = untilMs ?? Number.MAX_SAFE_INTEGER;
     for (;;) {
       const { rows } = await this.pool.query<Record<string, unknown>>(
-        `SELECT * FROM ledger_rows WHERE time >= $1 AND time < $2 AND (time, id) > ($3, $4)
-         ORDER BY time, id LIMIT $5`,
-        [since, until, after.time, after.id, EXPORT_PAGE],
+        `SELECT * FROM ledger_rows WHERE ${column} >= $1 AND ${column} < $2 AND (${column}, id) > ($3, $4)
+         ORDER BY ${column}, id LIMIT $5`,
+        [Math.max(since, after.time), until, after.time, after.id, EXPORT_PAGE],
       );
       for (const rec of rows) yield toLedgerRow(rec);
       if (rows.length < EXPORT_PAGE) return;
       const last = rows[rows.length - 1];
-      after = { time: Number(last.time), id: String(last.id) };
+      after = { time: Number(last[column]), id: String(last.id) };
     }
   }
 }

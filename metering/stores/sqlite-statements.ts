@@ -87,6 +87,8 @@ export function prepareSqlite(db: Database.Database) {
       WHERE id IN (SELECT value FROM json_each(@ids)) AND state = 'reserved'`),
     exportPage: s(`SELECT * FROM ledger_rows WHERE time >= @since AND time < @until
       AND (time, id) > (@t, @id) ORDER BY time, id LIMIT @n`),
+    exportSettledPage: s(`SELECT * FROM ledger_rows WHERE finished_at >= @since AND finished_at < @until
+      AND (finished_at, id) > (@t, @id) ORDER BY finished_at, id LIMIT @n`),
 
     getHead: s('SELECT * FROM heads WHERE conversation = ?'),
     getLastHash: s('SELECT last_hash FROM heads WHERE conversation = ?').pluck(),

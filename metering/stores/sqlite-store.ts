@@ -17,6 +17,7 @@ import type {
   RunState,
   Settlement,
   TenantRecord,
+  ExportWindow,
 } from '../ledger.js';
 import { checkAdmission, familyNow, reservedTokens, type MoneyScopeState } from './admission-check.js';
 import {
@@ -621,23 +622,22 @@ export class SqliteLedger implements Ledger {
     return { deleted, next: keys.length < limit ? null : keys[keys.length - 1]! };
   }
 
-  async *exportRows(sinceMs: number | null, untilMs: number | null): AsyncIterable<LedgerRow> {
+  async *exportRows(sinceMs: number | null, untilMs: number | null, by: ExportWindow = 'time'): AsyncIterable<LedgerRow> {
     // Keyset pages rather than one open cursor: between pages the connection is free for
     // admissions, and memory stays one page whatever the ledger's size.
+    const column = by === 'settled' ? 'finished_at' : 'time';
+    const statement = by === 'settled' ? this.q.exportSettledPage : this.q.exportPage;
     let after = { time: Number.MIN_SAFE_INTEGER, id: '' };
     const since = sinceMs ?? Number.MIN_SAFE_INTEGER;
     const until = untilMs ?? Number.MAX_SAFE_INTEGER;
     for (;;) {
       // The index is entered at the cursor's time, not at `since`: from `since`, every page walked
       // again over all the rows before it (a 1.5 M-row export took 453 s, its last pages 300 ms each).
-      const page = this.q.exportPage.all({ since: Math.max(since, after.time), until, t: after.time, id: after.id, n: EXPORT_PAGE }) as Record<
-        string,
-        unknown
-      >[];
+      const page = statement.all({ since: Math.max(since, after.time), until, t: after.time, id: after.id, n: EXPORT_PAGE }) as Record<string, unknown>[];
       for (const rec of page) yield toLedgerRow(rec);
       if (page.length < EXPORT_PAGE) return;
       const last = page[page.length - 1];
-      after = { time: Number(last.time), id: String(last.id) };
+      after = { time: Number(last[column]), id: String(last.id) };
     }
   }
 }

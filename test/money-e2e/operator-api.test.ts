@@ -190,6 +190,44 @@ t.test('operator calls at the same time never write back a budget read before th
   t.equal(undone, 0, 'a lowered budget is never put back');
 });
 
+t.test('exports by settlement time, read back to back, see every settled row once, however long a request ran', async (t) => {
+  const { gw, metered } = await moneyWorld(t, { clock: true, metered: { completionTokens: 3, delayMs: 60 } });
+  const t0 = gw.now.ms;
+  const minute = 60_000;
+  const ledger = async (query: string) => {
+    const res = await fetch(`${gw.url}/admin/ledger${query}`, { headers: ADMIN });
+    t.equal(res.status, 200, query);
+    return (await res.text())
+      .split('\n')
+      .filter((l) => l.length > 0)
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
+  };
+  const body = { model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'a long answer' }], max_tokens: 5 };
+  // A request settled at once, then one that begins before the first cut and ends after it.
+  t.equal((await chat(gw, ALICE, body, { 'x-tollgate-conversation': 'quick' })).status, 200);
+  const long = chat(gw, ALICE, { ...body, stream: true }, { 'x-tollgate-conversation': 'long' });
+  while (metered.requests.length < 2) await new Promise((r) => setTimeout(r, 5));
+  const cut1 = t0 + minute;
+  gw.now.ms = t0 + 2 * minute;
+  // The billing job's first window: by the request's own time the long one is there, still open…
+  const byTime = await ledger(`?until=${cut1}`);
+  t.same(byTime.map((r) => [r.conversation, r.state]), [['quick', 'settled'], ['long', 'reserved']]);
+  // …and by settlement time only what is settled.
+  const first = await ledger(`?by=settled&until=${cut1}`);
+  t.same(first.map((r) => r.conversation), ['quick']);
+  t.equal((await long).status, 200);
+  const cut2 = t0 + 3 * minute;
+  gw.now.ms = cut2 + minute;
+  // The next window: the long request, settled, once; by its own time it fell in no later window.
+  const second = await ledger(`?by=settled&since=${cut1}&until=${cut2}`);
+  t.same(second.map((r) => [r.conversation, r.state]), [['long', 'settled']]);
+  t.equal(second[0].finished_at, new Date(t0 + 2 * minute).toISOString());
+  t.same(await ledger(`?since=${cut1}&until=${cut2}`), [], 'by the time it began, the settled row is in no later window');
+  const bad = await call(gw.url, 'GET', '/admin/ledger?by=finished', ADMIN);
+  t.equal(bad.status, 400);
+  t.match(bad.body, { error: { code: 'invalid_request', param: 'by' } });
+});
+
 t.test('spend views show sums rounded like each turn, with no float dust', async (t) => {
   const { gw } = await moneyWorld(t);
   // Two turns of $0.1 and $0.2 add up to 0.30000000000000004 in floating point.
