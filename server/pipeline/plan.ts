@@ -418,7 +418,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // ledger's index (and a new conversation's id grows with time: ADR 0015).
   const run = messages ? `${conversation}/${sha256Hex(`${conversation}\u0000${runKey(messages, chain)}`).slice(0, 32)}` : `req-${uuidV7()}`;
   const runState = messages && source !== 'new' ? await gw.ledger.getRun(run) : null;
-  warnIfClockStepped(gw, time, head?.time, runState?.startedAt);
+  // Ages are told from a clock read after the head and the run were: counting can take seconds, and
+  // a request of the same conversation planned meanwhile may have written either since `time`.
+  const readAt = Math.max(time, gw.clock());
+  warnIfClockStepped(gw, readAt, head?.time, runState?.startedAt);
   const tenant = gw.config.tenants.find((t) => t.id === principal.tenant);
   const combined = mergeRunBounds({ ...gw.config.runs }, tenant?.runs, principal.runs);
   // The reserve that applies, as a figure (what /v1/admission shows), from the budget it comes out of.
@@ -439,7 +442,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // the counts differ where the renderings do not. (A final answer below is measured on its
   // messages alone, the server's rendering of the tools aside.)
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
-  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: time, upstream: cache, renderedByServer });
+  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: readAt, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const runBudget = runBudgetFor(runState?.budgetTokens, bounds.tokenBudget);
   const remaining = runBudget === null ? null : runBudget - (runState?.usedTokens ?? 0);
@@ -456,7 +459,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       bounds,
       run: runInspection,
       offersTools,
-      now: time,
+      now: readAt,
       runStartedAt: runState?.startedAt ?? null,
       remainingTokens: remaining,
       neededTokens: promptCharge + rows.allowance,
@@ -480,7 +483,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         prefix: counted.chat ? withoutTools(counted.chat.prefix) : null,
         model: valid.model,
         toolHash: '',
-        now: time,
+        now: readAt,
         upstream: cache,
       });
       // The answer uses the reserve: its allowance is what the run has left after its prompt, and

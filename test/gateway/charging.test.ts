@@ -7,6 +7,10 @@ import { get_encoding as getEncoding } from '@dqbd/tiktoken';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 import type { LedgerRow } from '../../metering/ledger.js';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { openStore } from '../../metering/stores/open-store.js';
 
 type Json = Record<string, unknown>;
 
@@ -391,4 +395,57 @@ t.test('a streamed completion with echo: the echoed prompt reaches the client un
   t.equal(rows.at(-1)?.generated_tokens, 5, 'generated: the answer alone');
   t.equal(rows.at(-1)?.refund_tokens, 0);
   t.ok(reserved > 5);
+});
+
+// Review: a request whose planning took seconds (its count, the ledger) read a head written
+// meanwhile by a request of its conversation planned after it; measured from the plan's start,
+// that head lay ahead by more than clocks differ, and the request was charged in full and sent to
+// its final answer, as if the clock had been stepped back.
+t.test('a head written while a request was being planned is not taken for a clock stepped back', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-slow-plan-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const ledger = await openStore({ kind: 'sqlite', path: join(dir, 'ledger.db') });
+  // B's look-up of the head waits until A, the same turn sent later, has been answered.
+  const getHead = ledger.getHead.bind(ledger);
+  let hold: { entered: () => void; release: Promise<void> } | null = null;
+  ledger.getHead = async (conversation) => {
+    const held = hold;
+    hold = null;
+    if (held) {
+      held.entered();
+      await held.release;
+    }
+    return getHead(conversation);
+  };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger, clock: true });
+  const tools = [{ type: 'function', function: { name: 'read', parameters: { type: 'object', properties: {} } } }];
+  const system = { role: 'system', content: 'You are a careful assistant. '.repeat(50) };
+  const post = (messages: unknown[]) =>
+    fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'slow-plan' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages, tools, max_tokens: 20 }),
+    });
+  const turn1 = [system, { role: 'user', content: 'question one' }];
+  await (await post(turn1)).text();
+  const turn2 = [...turn1, { role: 'assistant', content: 'an answer' }, { role: 'user', content: 'question two' }];
+  let release = () => {};
+  const entered = new Promise<void>((resolve) => {
+    hold = { entered: resolve, release: new Promise<void>((r) => (release = r)) };
+  });
+  const b = post(turn2);
+  await entered;
+  gw.now.ms += 6_500;
+  const a = await post(turn2);
+  await a.text();
+  release();
+  const rb = await b;
+  await rb.text();
+  t.equal(rb.status, 200);
+  t.equal(rb.headers.get('x-tollgate-notice'), null, 'not sent to its final answer');
+  // (It read the head the other request left, which holds this very turn: it shares at least as much.)
+  t.ok(Number(a.headers.get('x-tollgate-shared-prefix-tokens')) > 0);
+  t.ok(Number(rb.headers.get('x-tollgate-shared-prefix-tokens')) >= Number(a.headers.get('x-tollgate-shared-prefix-tokens')), 'it shares what was read before');
 });
