@@ -232,7 +232,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     warnings: new NowAndThen(),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
-    settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs),
+    settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs, clock),
     drain,
     clock,
     log: app.log,

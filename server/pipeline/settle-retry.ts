@@ -28,6 +28,8 @@ export class SettlementRetry {
     private readonly inFlight: Set<string>,
     private readonly log: FastifyBaseLogger,
     private readonly everyMs = 5_000,
+    /** The wall clock the ledger's times are stamped with (the gateway's `clock`). */
+    private readonly clock: () => number = Date.now,
   ) {}
 
   /** How many settlements wait for the ledger. */
@@ -81,7 +83,7 @@ export class SettlementRetry {
     // Said alive first: on PostgreSQL another replica sweeps reservations not said alive for ten
     // minutes, and this replica could not say so while the store was away.
     try {
-      await this.ledger.keepAlive([...this.pending.keys()], Date.now());
+      await this.ledger.keepAlive([...this.pending.keys()], this.clock());
     } catch (err) {
       this.failure = err;
       return;
@@ -89,7 +91,9 @@ export class SettlementRetry {
     for (const [id, p] of [...this.pending]) {
       let settledNow: boolean;
       try {
-        settledNow = (await this.ledger.settle(id, p.settlement, p.head)) !== null;
+        // Stamped when it is written, as a settlement on time is: an export by settlement time
+        // whose window was read while the store was away must not have it land behind it.
+        settledNow = (await this.ledger.settle(id, { ...p.settlement, finishedAt: this.clock() }, p.head)) !== null;
       } catch (err) {
         if (!isLedgerUnavailable(err)) {
           // The store answers, and refuses this one: it is left to recovery, not tried for ever.

@@ -67,6 +67,22 @@ t.test('non-streamed: the answer is delivered once, and the settlement written w
   t.equal((await fetch(`${gw.url}/readyz`)).status, 200, 'ready again by itself');
 });
 
+t.test('a settlement written late is stamped when it is written, so an export by settlement time read meanwhile cannot miss it', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5 });
+  t.teardown(upstream.close);
+  const { ledger } = await failingLedger(t, 1);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })] }, { ledger, settleRetryMs: 300, clock: true });
+  const t0 = gw.now.ms;
+  const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any' });
+  await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20 });
+  // A billing job reads the window up to now while the settlement waits for the store.
+  gw.now.ms = t0 + 60_000;
+  t.same(await collect(gw.ledger.exportRows(null, t0 + 60_000, 'settled')), [], 'not settled yet');
+  const rows = await settledSoon(gw);
+  t.match(rows[0], { state: 'settled', finished_at: new Date(t0 + 60_000).toISOString() }, 'stamped when written');
+  t.same((await collect(gw.ledger.exportRows(t0 + 60_000, null, 'settled'))).map((r) => r.id), [rows[0]!.id], 'in the next window');
+});
+
 t.test('streamed: the stream ends whole (closing comment, [DONE]), and is settled later', async (t) => {
   const { gw, client } = await gatewayOn(t, 2);
   const stream = await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hello' }], max_tokens: 20, stream: true });
