@@ -188,12 +188,16 @@ export function canonicalEqual(a: unknown, b: unknown): boolean {
 function approximateBytes(messages: readonly ChatMessage[], from: number): number {
   let bytes = 0;
   for (let i = from; i < messages.length; i++) {
-    const m = messages[i]!;
     bytes += MESSAGE_OVERHEAD_BYTES;
-    const c = m.content;
-    if (typeof c === 'string') bytes += c.length * 2;
-    else if (c != null) bytes += JSON.stringify(c).length * 2;
-    if (m.tool_calls) bytes += JSON.stringify(m.tool_calls).length * 2;
+    // Every field the message holds, not only those its count reads: the memo keeps the client's
+    // own objects, and a 4 MB `tool_call_id` (or any field a client adds) is held all the same
+    // (an audit filled 1.1 GB of heap under a 32 MiB budget that way).
+    for (const [field, value] of Object.entries(messages[i]!)) {
+      bytes += field.length * 2;
+      if (typeof value === 'string') bytes += value.length * 2;
+      else if (value != null && typeof value === 'object') bytes += JSON.stringify(value).length * 2;
+      else bytes += 8;
+    }
   }
   return bytes;
 }

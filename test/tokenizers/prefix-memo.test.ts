@@ -119,6 +119,22 @@ t.test('a list of many short messages is accounted at what it keeps alive, ~250 
   t.ok(memo.stats().bytes >= 7000 * 256, `${memo.stats().bytes} bytes for 7,000 messages`);
 });
 
+t.test('every field a message holds is accounted, not only those counted (regression: a 4 MB tool_call_id was held for free)', async (t) => {
+  const memo = new PrefixMemo();
+  const big = 'x'.repeat(1_000_000);
+  const list = [
+    { role: 'user', content: 'look it up' },
+    { role: 'tool', tool_call_id: big, content: 'r' },
+    { role: 'assistant', content: 'ok', reasoning_content: big, extra: { note: big } },
+  ] as unknown as ChatMessage[];
+  memo.remember('k', list, chainHashes(list), null, null);
+  t.ok(memo.stats().bytes >= 3 * 2 * 1_000_000, `${memo.stats().bytes} bytes for three 1 MB fields`);
+  // A budget the fields exceed keeps nothing.
+  const small = new PrefixMemo(1_000_000);
+  small.remember('k', list, chainHashes(list), null, null);
+  t.equal(small.stats().entries, 0);
+});
+
 // The same slow pattern the token cache had (test/tokenizers/token-cache.test.ts): a hit must not
 // delete from the Map, and an eviction must not start an iterator over it.
 t.test('a hit never deletes from the Map; an eviction deletes once; nothing iterates it', async (t) => {
