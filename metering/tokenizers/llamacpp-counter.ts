@@ -91,11 +91,16 @@ interface TokenizeResponse {
   tokens: Array<number | Piece>;
 }
 
+/** How many whole-prompt counts a llama.cpp counter keeps, and how many message boundaries in all. */
+const MAX_REMEMBERED_PROMPTS = 256;
+const MAX_REMEMBERED_BOUNDARIES = 65_536;
+
 export class LlamaCppCounter implements TokenCounter {
   readonly method: CountMethod = 'llamacpp';
   private readonly opts: LlamaCppCounterOptions;
   private readonly cache: TokenCache;
   private readonly chatCounts = new Map<string, ChatCount>();
+  private rememberedBoundaries = 0;
 
   constructor(opts: LlamaCppCounterOptions) {
     this.opts = opts;
@@ -170,11 +175,25 @@ export class LlamaCppCounter implements TokenCounter {
     return postJson<T>(this.opts.dispatcher, this.opts.baseUrl, path, body, { apiKey: this.opts.apiKey, signal });
   }
 
+  /**
+   * Kept: the last 256 prompts' counts, and at most 65,536 message boundaries between them — each
+   * count holds a figure and a digest a message, and 256 prompts of 40,000 messages held 1.2 GB.
+   */
   private remember(key: string, value: ChatCount): void {
+    const size = (c: ChatCount) => c.prefix.length;
+    if (size(value) > MAX_REMEMBERED_BOUNDARIES) return;
+    const replaced = this.chatCounts.get(key);
+    if (replaced !== undefined) {
+      this.chatCounts.delete(key);
+      this.rememberedBoundaries -= size(replaced);
+    }
     this.chatCounts.set(key, value);
-    if (this.chatCounts.size > 256) {
-      const oldest = this.chatCounts.keys().next();
-      if (oldest.done !== true) this.chatCounts.delete(oldest.value);
+    this.rememberedBoundaries += size(value);
+    while (this.chatCounts.size > MAX_REMEMBERED_PROMPTS || this.rememberedBoundaries > MAX_REMEMBERED_BOUNDARIES) {
+      const oldest = this.chatCounts.entries().next();
+      if (oldest.done === true) break;
+      this.chatCounts.delete(oldest.value[0]);
+      this.rememberedBoundaries -= size(oldest.value[1]);
     }
   }
 }

@@ -124,6 +124,22 @@ t.test('tool-call history: boundaries still found, conservative where text is re
   t.ok(c.prefix[4] < c.tokens);
 });
 
+t.test('remembered prompt counts are bounded by their messages, not only by their number', async (t) => {
+  const { double, counter } = await setup(t, { nCtx: 1_000_000 });
+  const long = (tag: string) => Array.from({ length: 40_000 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `${tag}${i % 7}` }) as ChatMessage);
+  const tokenizes = () => double.requests.filter((r) => r.path === '/tokenize').length;
+  const a = long('a');
+  await counter.countChat({ model: 'tiny', messages: a });
+  await counter.countChat({ model: 'tiny', messages: long('b') });
+  const before = tokenizes();
+  await counter.countChat({ model: 'tiny', messages: a });
+  t.equal(tokenizes(), before + 1, 'the first long prompt was let go: its 40,000 boundaries and the next\'s pass 65,536');
+  await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER] });
+  const small = tokenizes();
+  await counter.countChat({ model: 'tiny', messages: [SYSTEM, USER] });
+  t.equal(tokenizes(), small, 'a short prompt is still remembered');
+});
+
 t.test('text rows use /tokenize with add_special', async (t) => {
   const { double, counter } = await setup(t);
   const c = await counter.countText('First prompt row.');
