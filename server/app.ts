@@ -39,6 +39,11 @@ import adminRoutes from '../routes/admin.js';
 
 /** How long a client may take to send a whole request (headers and body). */
 export const REQUEST_TIMEOUT_MS = 300_000;
+
+/** Node's own rule for the headers' time: 60 s, or the whole request's time if that is less. */
+function headersTimeoutMs(requestTimeoutMs: number): number {
+  return Math.min(60_000, requestTimeoutMs);
+}
 export interface AppOptions {
   config: Config;
   ledger?: Ledger;
@@ -130,11 +135,11 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     genReqId: () => `http-${Math.random().toString(36).slice(2, 10)}`,
   });
   // Fastify sets the request timeout after Node made the server, so Node's own rule for the headers'
-  // time (60 s, or the request's time if that is less) is applied here; Node looks for requests past
+  // time is applied here (else they keep 60 s past a shorter request time); Node looks for requests past
   // their time every 30 s by default, every tenth of the limit here (the property Node reads when
   // the server starts listening, from its `connectionsCheckingInterval` option; not in its types).
   const server = app.server as unknown as { connectionsCheckingInterval: number; headersTimeout: number };
-  server.headersTimeout = Math.min(60_000, requestTimeoutMs);
+  server.headersTimeout = headersTimeoutMs(requestTimeoutMs);
   server.connectionsCheckingInterval = Math.min(30_000, Math.max(10, Math.floor(requestTimeoutMs / 10)));
 
   // What the config names and can still be wrong (the price overrides file) is read before the
@@ -273,13 +278,13 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
 }
 
 /** The status, reason phrase and OpenAI envelope for what Node's HTTP server refused before routing. */
-export function clientErrorAnswer(err: NodeJS.ErrnoException, requestTimeoutMs: number): [number, string, ReturnType<typeof envelope>] {
+function clientErrorAnswer(err: NodeJS.ErrnoException, requestTimeoutMs: number): [number, string, ReturnType<typeof envelope>] {
   if (err.code === 'HPE_HEADER_OVERFLOW') {
-    return [431, 'Request Header Fields Too Large', envelope('invalid_request', 'the request headers are too large', 'invalid_request_error')];
+    return [431, 'Request Header Fields Too Large', envelope('invalid_request', 'the request headers are too large', ERRORS.invalid_request.type)];
   }
   if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
-    const limits = `its headers within ${Math.min(60_000, requestTimeoutMs) / 1000} s, the whole request within ${requestTimeoutMs / 1000} s`;
+    const limits = `its headers within ${headersTimeoutMs(requestTimeoutMs) / 1000} s, the whole request within ${requestTimeoutMs / 1000} s`;
     return [408, 'Request Timeout', envelope('request_timeout', `the request did not arrive in time (${limits})`, ERRORS.request_timeout.type)];
   }
-  return [400, 'Bad Request', envelope('invalid_request', `the request is not valid HTTP: ${err.code ?? err.message}`, 'invalid_request_error')];
+  return [400, 'Bad Request', envelope('invalid_request', `the request is not valid HTTP: ${err.code ?? err.message}`, ERRORS.invalid_request.type)];
 }
