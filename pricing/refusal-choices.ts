@@ -40,12 +40,18 @@ export interface MoneyRefusalInput {
 }
 
 /**
- * `raise_to_usd`: twice a cap or half again a month's budget on the ladder — and never less than
- * what would admit this very request, so the raise offered is a raise that works (ADR 0006).
+ * `raise_to_usd`, as SPEC §6 has it: twice a cap or half again a month's budget, on the ladder —
+ * whether or not that admits this very request (`limitToAdmit` says what would, ADR 0006). A limit
+ * of $0 has no multiple to offer: there, the raise is the one that admits the request.
  */
 export function raiseToFor(scope: LimitScope, limitUsd: number, spentUsd: number, neededUsd: number): number {
-  const usual = scope === 'monthly' ? raiseToForMonthly(limitUsd) : raiseToForConversation(limitUsd);
-  return Math.max(usual, raiseTo(spentUsd + neededUsd));
+  if (limitUsd <= 0) return limitToAdmit(spentUsd, neededUsd);
+  return scope === 'monthly' ? raiseToForMonthly(limitUsd) : raiseToForConversation(limitUsd);
+}
+
+/** The least limit on the same ladder that would admit this request now: what is spent and held, plus what it needs. */
+export function limitToAdmit(committedUsd: number, neededUsd: number): number {
+  return raiseTo(committedUsd + neededUsd);
 }
 
 export function refusalChoices(input: MoneyRefusalInput): RefusalChoices {
@@ -128,6 +134,9 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
       spent: roundUsd(spentUsd),
       [scope === 'monthly' ? 'budget' : 'cap']: roundUsd(limitUsd),
       needed: neededUsd === null ? null : roundUsd(neededUsd),
+      // Twice the cap may not be enough for a request larger than it: the least limit, on the
+      // same ladder, that would admit this one now (unknown for an unpriced model).
+      limit_to_admit_usd: neededUsd === null ? null : limitToAdmit(spentUsd + reservedUsd, neededUsd),
       choices: refusalChoices(input),
     },
   };

@@ -49,13 +49,15 @@ t.test('a cap refusal reaches the SDK as a 402 APIError, sent once', async (t) =
   t.equal(err.code, 'conversation_cap_reached');
   t.equal(err.type, 'insufficient_quota');
   t.equal(err.headers?.get('x-should-retry'), 'false');
-  const envelope = err.error as { limit_usd: number; needed_usd: number; choices: { raise_to_usd: number; stop: boolean; cheaper_models: Array<{ model: string }> } };
+  const envelope = err.error as { limit_usd: number; needed_usd: number; limit_to_admit_usd: number; choices: { raise_to_usd: number; stop: boolean; cheaper_models: Array<{ model: string }> } };
   t.equal(envelope.limit_usd, 0.001);
   t.ok(envelope.needed_usd > 0.001);
   t.match(err.message, /more than the whole conversation cap/);
   t.equal(envelope.choices.stop, true);
   t.equal(envelope.choices.cheaper_models[0].model, 'llama-local');
-  t.ok(envelope.choices.raise_to_usd >= envelope.needed_usd, 'the raise offered would admit this request');
+  // SPEC §6: twice the cap, up to the lowest rung (a cent); what would admit this request is given apart.
+  t.equal(envelope.choices.raise_to_usd, 0.01, 'twice $0.001, rounded up to a cent');
+  t.ok(envelope.limit_to_admit_usd >= envelope.needed_usd, 'the limit that would admit this request');
 
   // 3. Sent once: the gateway got one call for it, the provider none.
   t.equal(calls.length, 2);

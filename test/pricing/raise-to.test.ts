@@ -9,13 +9,22 @@ t.test('SPEC cases', async (t) => {
   t.equal(raiseToForConversation(2.5), 5);
   t.equal(raiseToForMonthly(50), 75);
   t.equal(raiseToForMonthly(100), 150);
-  t.equal(raiseToForConversation(0.1), 0.25);
+  t.equal(raiseToForConversation(0.1), 0.2, 'a $0.10 cap → $0.20 (no floor at $0.25)');
+  t.equal(raiseToForConversation(0.001), 0.01, 'a tenth of a cent → one cent, the lowest rung');
+  t.equal(raiseToForConversation(0.03), 0.06);
+  t.equal(raiseToForMonthly(0.05), 0.08);
 });
 
 t.test('the ladder, decade by decade', async (t) => {
   const cases: Array<[number, number]> = [
-    [0, 0.25], // a raise is never to $0
-    [0.0001, 0.25],
+    [0, 0.01], // a raise is never to $0
+    [0.0001, 0.01],
+    [0.01, 0.01],
+    [0.011, 0.02],
+    [0.09, 0.09],
+    [0.091, 0.1],
+    [0.11, 0.12],
+    [0.16, 0.2],
     [0.25, 0.25],
     [0.26, 0.3],
     [0.76, 0.8],
@@ -60,8 +69,8 @@ t.test('float noise does not push a rung up a step', async (t) => {
 });
 
 t.test('isOnLadder', async (t) => {
-  for (const x of [0.25, 0.3, 0.5, 1, 1.2, 1.5, 4, 4.5, 7.5, 8, 10, 12, 15, 45, 100, 120, 150, 1000, 1500]) t.ok(isOnLadder(x), `${x} on`);
-  for (const x of [0, -1, 0.1, 0.2, 0.33, 1.25, 4.13, 4.14, 5.5, 7, 9, 46, 110, 1250]) t.notOk(isOnLadder(x), `${x} off`);
+  for (const x of [0.01, 0.05, 0.09, 0.1, 0.12, 0.2, 0.25, 0.3, 0.5, 1, 1.2, 1.5, 4, 4.5, 7.5, 8, 10, 12, 15, 45, 100, 120, 150, 1000, 1500]) t.ok(isOnLadder(x), `${x} on`);
+  for (const x of [0, -1, 0.005, 0.11, 0.33, 1.25, 4.13, 4.14, 5.5, 7, 9, 46, 110, 1250]) t.notOk(isOnLadder(x), `${x} off`);
 });
 
 t.test('property: result ≥ input, on the ladder, and the rung below it is under the input', async (t) => {
@@ -74,7 +83,7 @@ t.test('property: result ≥ input, on the ladder, and the rung below it is unde
     const r = raiseTo(amount);
     if (!(r >= amount - 1e-9) || !isOnLadder(r)) failures++;
     // Minimality: the rung below the result is already under the input.
-    if (r > 0.25 && !(r - ladderStepUsd(r) < amount)) failures++;
+    if (r > 0.01 && !(r - ladderStepUsd(r) < amount)) failures++;
     if (raiseTo(r) !== r) failures++;
   }
   t.equal(failures, 0);

@@ -18,6 +18,7 @@ t.test('conversation_cap_reached: exact figures, numbers in details, three choic
     spent: 1.84,
     cap: 2,
     needed: 0.31,
+    limit_to_admit_usd: 2.5,
     choices: { raise_to_usd: 4, cheaper_models: cheaper, stop: true },
   });
 });
@@ -38,12 +39,20 @@ t.test('monthly_budget_reached: half again, on the ladder', async (t) => {
   t.same([r.details.spent, r.details.budget, r.details.needed, r.details.cap], [29.5, 30, 1.2, undefined]);
 });
 
-t.test('a request larger than the whole limit says so, and the raise offered admits it', async (t) => {
+t.test('a request larger than the whole limit says so; the raise is still twice the cap, and the figure that admits it is given apart', async (t) => {
   const r = moneyRefusal({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] });
   t.equal(r.message, 'conversation cap reached: this request needs up to $5.20, more than the whole conversation cap of $2.00');
-  // 2 × $2 = $4 would not admit $0.10 + $5.20: raise to the rung above $5.30 instead.
-  t.equal(raiseToFor('conversation', 2, 0.1, 5.2), 6);
-  t.equal(refusalChoices({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] }).raise_to_usd, 6);
+  // SPEC §6: twice the cap ($4), though that would not admit $0.10 + $5.20; the rung above $5.30 is given apart.
+  t.equal(raiseToFor('conversation', 2, 0.1, 5.2), 4);
+  t.equal(refusalChoices({ scope: 'conversation', spentUsd: 0.1, limitUsd: 2, neededUsd: 5.2, cheaperModels: [] }).raise_to_usd, 4);
+  t.equal(r.details.limit_to_admit_usd, 6);
+  t.equal((r.details.choices as { raise_to_usd: number }).raise_to_usd, 4);
+  // Held money counts toward what admits it: $0.50 spent + $0.30 held + $0.40 needed → $1.20.
+  t.equal(moneyRefusal({ scope: 'conversation', spentUsd: 0.5, reservedUsd: 0.3, limitUsd: 1, neededUsd: 0.4, cheaperModels: [] }).details.limit_to_admit_usd, 1.2);
+  // A $0 cap has no multiple: the raise offered is the one that admits the request.
+  t.equal(raiseToFor('conversation', 0, 0, 0.031), 0.04);
+  // An unpriced model's cost is unknown: so is what would admit it.
+  t.equal(moneyRefusal({ scope: 'monthly', spentUsd: 1, limitUsd: 1, neededUsd: null, cheaperModels: [] }).details.limit_to_admit_usd, null);
   const m = moneyRefusal({ scope: 'monthly', spentUsd: 0, limitUsd: 50, neededUsd: 80, cheaperModels: [] });
   t.equal(m.message, 'monthly budget reached: this request needs up to $80.00, more than the whole monthly budget of $50.00');
 });
