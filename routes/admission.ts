@@ -5,6 +5,7 @@
 import type { FastifyPluginAsync } from 'fastify';
 import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
+import type { Gateway } from '../server/gateway.js';
 import { MAX_JSON_DEPTH, nestedDeeperThan, tooDeep } from '../server/body.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
 import { planHeaders, rowFigures } from '../server/pipeline/plan.js';
@@ -116,7 +117,7 @@ const route: FastifyPluginAsync = async (app) => {
         ...NOT_PLANNED,
         model: typeof asked === 'string' ? asked : null,
         ...err.context,
-        limits: { ...gw.config.limits },
+        limits: sizeLimits(gw),
         verdict: verdictOf(err),
       };
     }
@@ -131,7 +132,7 @@ const route: FastifyPluginAsync = async (app) => {
     return {
       endpoint: call.endpoint,
       ...rowFigures(plan.model, plan.upstream.name, plan.rows, plan.contextWindow),
-      limits: { ...gw.config.limits },
+      limits: sizeLimits(gw),
       conversation: plan.conversation,
       conversation_source: plan.conversationSource,
       shared_prefix_tokens: plan.sharedPrefixTokens,
@@ -160,3 +161,9 @@ const route: FastifyPluginAsync = async (app) => {
 };
 
 export default route;
+
+/** The plan's `limits`: the size limits a request is checked against (SPEC §6), not the bound on requests in flight. */
+function sizeLimits(gw: Gateway): Record<string, number> {
+  const { maxRows, maxRowTokens, maxRequestTokens, maxBodyBytes } = gw.config.limits;
+  return { maxRows, maxRowTokens, maxRequestTokens, maxBodyBytes };
+}

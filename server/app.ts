@@ -19,6 +19,7 @@ import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
+import { KeySlots } from './key-slots.js';
 import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
@@ -237,6 +238,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     warnings: new NowAndThen(),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),
     inFlight,
+    keySlots: new KeySlots(config.limits.maxInFlightPerKey),
     settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs, clock),
     drain,
     clock,

@@ -71,7 +71,14 @@ export type StoreConfig =
 export interface Config {
   store: StoreConfig;
   upstreams: UpstreamConfig[];
-  limits: { maxRows: number; maxRowTokens: number; maxRequestTokens: number; maxBodyBytes: number };
+  limits: {
+    maxRows: number;
+    maxRowTokens: number;
+    maxRequestTokens: number;
+    maxBodyBytes: number;
+    /** Model requests one key may have in flight at once, on this process (ADR 0023); null: no bound. */
+    maxInFlightPerKey: number | null;
+  };
   defaults: { maxTokens: number };
   runs: RunsConfig;
   auth: { keys: KeyConfig[] };
@@ -213,6 +220,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
       maxRowTokens: limits.int('maxRowTokens', DEFAULT_LIMITS.maxRowTokens, 1, 1 << 26)!,
       maxRequestTokens: limits.int('maxRequestTokens', DEFAULT_LIMITS.maxRequestTokens, 1, 1 << 30)!,
       maxBodyBytes: limits.int('maxBodyBytes', DEFAULT_LIMITS.maxBodyBytes, 1, 1 << 30)!,
+      maxInFlightPerKey: limits.intOrNull('maxInFlightPerKey', null, 1, 1_000_000) ?? null,
     },
     defaults: { maxTokens: defaults.int('maxTokens', 4096, 1, 1 << 24)! },
     runs: { ...(readRunBounds(runs, false) as RunBoundsConfig), writeTools: runs.strList('writeTools', [])! },

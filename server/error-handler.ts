@@ -70,7 +70,7 @@ export function registerErrorHandling(app: FastifyInstance): void {
       return reply.code(status).headers(headers).send(body);
     };
     if (err instanceof GatewayError) {
-      if (err.status < 500) return answer(err.status, err.code, err.toEnvelope());
+      if (err.status < 500) return answer(err.status, err.code, err.toEnvelope(), err.retryAfterSeconds === null ? NO_RETRY_HEADERS : { 'retry-after': String(err.retryAfterSeconds) });
       // An upstream failure (5xx) is not final, so SDKs keep their own retry rules. (A settled
       // model request has logged it on its one line already.)
       return answer(err.status, err.code, err.toEnvelope(), err.final ? NO_RETRY_HEADERS : {}, { level: 'warn', err: gw.config.logging.prompts ? err.message : (err.logMessage ?? err.message) });

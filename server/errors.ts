@@ -15,6 +15,7 @@ export const ERRORS = {
   conversation_cap_reached: { status: 402, type: 'insufficient_quota' },
   monthly_budget_reached: { status: 402, type: 'insufficient_quota' },
   model_not_priced: { status: 402, type: 'insufficient_quota' },
+  concurrency_limit_reached: { status: 429, type: 'rate_limit_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   too_many_rows: { status: 413, type: 'invalid_request_error' },
   row_too_large: { status: 413, type: 'invalid_request_error' },
@@ -53,6 +54,11 @@ export class GatewayError extends Error {
    * `x-should-retry: false`, as a refusal is (the SDKs would retry it twice at once).
    */
   final = false;
+  /**
+   * A refusal that passes by itself (429): answered with `retry-after` in place of
+   * `x-should-retry: false`, so the SDKs retry it with their back-off. Null: final.
+   */
+  retryAfterSeconds: number | null = null;
 
   constructor(
     readonly code: ErrorCode,

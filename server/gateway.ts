@@ -1,6 +1,7 @@
 // The services one gateway instance is built from. `buildApp` makes them from config, or takes them
 // injected (tests pass a store, a clock, a metrics registry).
 
+import type { KeySlots } from './key-slots.js';
 import type { FastifyBaseLogger } from 'fastify';
 import type { Config } from './config.js';
 import type { Ledger } from '../metering/ledger.js';
@@ -38,6 +39,8 @@ export interface Gateway {
   prefixMemo: PrefixMemo;
   /** Ids of this process's reservations admitted and not yet settled (kept alive in the store). */
   inFlight: Set<string>;
+  /** Model requests in flight per client key, bounded by `limits.maxInFlightPerKey` (ADR 0023). */
+  keySlots: KeySlots;
   /** Settlements the ledger could not write when their request ended, written when it can. */
   settleRetry: SettlementRetry;
   /**

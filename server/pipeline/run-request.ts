@@ -24,6 +24,8 @@ import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptAsRefusal, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
 import { clientPrincipal } from '../auth-hooks.js';
+import { KeySlots } from '../key-slots.js';
+import type { Principal } from '../auth.js';
 
 function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
   const h: Record<string, string | string[]> = {
@@ -60,6 +62,25 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   request.routedModel = valid.model;
   const principal = await clientPrincipal(request);
   request.principal = principal;
+  // One of the key's slots for the whole request, planning included (429 when none is free).
+  const giveBack = gw.keySlots.take(KeySlots.ownerOf(principal));
+  try {
+    await planAndRelay(gw, kind, request, reply, valid, principal, t0);
+  } finally {
+    giveBack();
+  }
+}
+
+/** Stages 2–7 for a parsed request of a known client. */
+async function planAndRelay(
+  gw: Gateway,
+  kind: EndpointKind,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  valid: ReturnType<typeof validateRequest>,
+  principal: Principal,
+  t0: number,
+): Promise<void> {
   const headers = planHeaders(request.raw);
   const planOnce = () => planRequest(gw, valid, principal, headers);
   const plan = await admit(gw, await planOnce(), planOnce);

@@ -115,7 +115,7 @@ t.test("keys of one tenant give it one monthly budget: a different one is an err
 
 t.test('defaults', async (t) => {
   const c = parseConfig({ upstreams: [upstream()] }, {});
-  t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432 });
+  t.same(c.limits, { maxRows: 1024, maxRowTokens: 36_864, maxRequestTokens: 1_048_576, maxBodyBytes: 33_554_432, maxInFlightPerKey: null });
   t.same(c.runs, { tokenBudget: 65_536, maxToolRounds: 12, timeBudgetSeconds: 300, patience: 3, answerReserveTokens: null, writeTools: [] });
   t.same(c.store, { kind: 'sqlite', path: 'tollgate.db', synchronous: 'NORMAL' });
   t.same(c.auth.keys, [], 'no keys: a loopback development setup');

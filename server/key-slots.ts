@@ -1,0 +1,57 @@
+// Requests in flight per client key (`limits.maxInFlightPerKey`, ADR 0023). Off by default.
+//
+// An upstream's connection pool is shared by every tenant. A client that opens streams and stops
+// reading them holds a connection each until the upstream's timeout; with enough of them nobody
+// else is served. A bound per key keeps one client's stalled or runaway work to its own share.
+// The count is this process's: replicas each hold their own (a key may have N in flight on each).
+
+import { GatewayError } from './errors.js';
+import type { Principal } from './auth.js';
+
+export class KeySlots {
+  private readonly held = new Map<string, number>();
+
+  constructor(private readonly limit: number | null) {}
+
+  /** Whose slots a request takes: its key's, or its tenant's on a key-less gateway. */
+  static ownerOf(principal: Principal): string {
+    return principal.keyId !== null ? `key:${principal.keyId}` : `tenant:${principal.tenant}`;
+  }
+
+  /**
+   * Takes a slot for `owner`, or throws the 429 when its requests in flight are at the limit.
+   * Returns the function that gives the slot back (call it once, when the request has ended).
+   */
+  take(owner: string): () => void {
+    if (this.limit === null) return noop;
+    const n = this.held.get(owner) ?? 0;
+    if (n >= this.limit) throw tooManyInFlight(n, this.limit);
+    this.held.set(owner, n + 1);
+    let given = false;
+    return () => {
+      if (given) return;
+      given = true;
+      const left = (this.held.get(owner) ?? 1) - 1;
+      if (left > 0) this.held.set(owner, left);
+      else this.held.delete(owner);
+    };
+  }
+
+  /** Requests in flight for `owner`. */
+  inFlight(owner: string): number {
+    return this.held.get(owner) ?? 0;
+  }
+}
+
+function noop(): void {}
+
+function tooManyInFlight(inFlight: number, limit: number): GatewayError {
+  const err = new GatewayError(
+    'concurrency_limit_reached',
+    `too many requests in flight for this key: ${inFlight} running, the limit is ${limit}; send it again when one has finished`,
+    { in_flight: inFlight, limit },
+  );
+  // Unlike a refusal, this one passes by itself: the SDKs' own retry (with back-off) is welcome.
+  err.retryAfterSeconds = 1;
+  return err;
+}
