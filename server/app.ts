@@ -186,13 +186,15 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // crash — all of them, whatever their time: a restart with the clock set back (before NTP) finds
   // rows stamped after its own now, which a cutoff on time would leave reserved for good. Replicas
   // sharing PostgreSQL may have requests in flight: there only reservations not made or kept alive
-  // for the threshold count, swept every minute, and each replica first keeps its own in-flight
-  // ones alive — a stream may outlast the threshold (ADR 0011).
-  const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : 10 * 60_000);
+  // for the threshold count (`store.recoverAfterSeconds`, 10 minutes by default), swept every
+  // minute or every fifth of the threshold when that is shorter, and each replica first keeps its
+  // own in-flight ones alive — a stream may outlast the threshold (ADR 0011).
+  const recoverAfterMs = config.store.kind === 'postgres' ? config.store.recoverAfterSeconds * 1000 : 10 * 60_000;
+  const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : recoverAfterMs);
   const recovered = ledger.kind === 'sqlite' ? await ledger.recoverOpen(clock()) : await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
   const inFlight = new Set<string>();
-  const sweepEvery = opts.sweepIntervalMs ?? 60_000;
+  const sweepEvery = opts.sweepIntervalMs ?? Math.min(60_000, Math.floor(staleMs / 5));
   const sweep =
     staleMs > 0
       ? setInterval(() => {

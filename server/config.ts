@@ -66,7 +66,13 @@ export interface TenantConfig {
 
 export type StoreConfig =
   | { kind: 'sqlite'; path: string; synchronous: 'NORMAL' | 'FULL' }
-  | { kind: 'postgres'; url: string; schema: string };
+  | {
+      kind: 'postgres';
+      url: string;
+      schema: string;
+      /** A reservation no replica has said alive for this long was left by one that went away (ADR 0011). */
+      recoverAfterSeconds: number;
+    };
 
 export interface Config {
   store: StoreConfig;
@@ -169,8 +175,10 @@ function readStore(r: Reader): StoreConfig {
     if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
     const schema = r.str('schema', 'public')!;
     if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) r.fail('schema', 'must be a lower-case SQL identifier');
-    return { kind, url: url!, schema };
+    const recoverAfterSeconds = r.int('recoverAfterSeconds', 600, 60, 86_400)!;
+    return { kind, url: url!, schema, recoverAfterSeconds };
   }
+  if (r.has('recoverAfterSeconds')) r.fail('recoverAfterSeconds', 'applies to a postgres store only: SQLite recovers every open reservation at start');
   return {
     kind,
     path: r.str('path', 'tollgate.db')!,

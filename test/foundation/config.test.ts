@@ -57,6 +57,11 @@ t.test('a misspelt field at any depth is an error, not a silent default', async 
   t.match(configError({ upstreams: [upstream()], prices: { override: 'p.json' } }), /^prices\.override: unknown field/);
   t.match(configError({ upstreams: [upstream()], metrics: { tokn: 'x' } }), /^metrics\.tokn: unknown field/);
   t.match(configError({ upstreams: [upstream()], store: { kind: 'sqlite', url: 'postgres://x' } }), /^store\.url: unknown field/, 'a field of the other store kind');
+  t.match(configError({ upstreams: [upstream()], store: { kind: 'sqlite', recoverAfterSeconds: 120 } }), /^store\.recoverAfterSeconds: applies to a postgres store only/);
+  t.match(configError({ upstreams: [upstream()], store: { kind: 'postgres', url: 'postgres://x', recoverAfterSeconds: 30 } }), /^store\.recoverAfterSeconds: must be an integer from 60 to 86400/);
+  const pgStore = (extra: Record<string, unknown>) => parseConfig({ upstreams: [upstream()], store: { kind: 'postgres', url: 'postgres://x', ...extra } }, {}).store;
+  t.match(pgStore({}), { kind: 'postgres', recoverAfterSeconds: 600 }, 'ten minutes by default');
+  t.match(pgStore({ recoverAfterSeconds: 90 }), { recoverAfterSeconds: 90 });
   t.match(configError({ upstreams: [upstream()], tenants: [{ id: 't', runs: { writeTools: ['w'] } }] }), /^tenants\[0\]\.runs\.writeTools: unknown field/, 'write tools are set once, for every run');
   t.match(configError(keys({ runs: { patienc: 2 } })), /^auth\.keys\[0\]\.runs\.patienc: unknown field/);
 });
