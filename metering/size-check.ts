@@ -84,6 +84,12 @@ function rowFigure(plan: PlanFigures, i: number): SizeFigure {
 const why = (f: SizeFigure): string =>
   f.kind === 'upper' ? ` (${BOUND_WHY})` : f.kind === 'lower' ? ` (${LEAST_WHY})` : f.kind === 'mixed' ? ` (${BOTH_WHY})` : '';
 
+/** `too_many_rows`, or null: decided on the number of rows alone, before any is counted. */
+export function tooManyRows(rows: number, maxRows: number = DEFAULT_SIZE_LIMITS.maxRows): SizeRefusal | null {
+  if (rows <= maxRows) return null;
+  return { code: 'too_many_rows', message: `too many rows: ${rows}, the limit is ${maxRows}`, details: { rows, limit: maxRows } };
+}
+
 /** The first size refusal that applies, or null. `limits` may carry other fields (maxBodyBytes). */
 export function checkSizes(
   plan: PlanFigures,
@@ -95,13 +101,8 @@ export function checkSizes(
   const { maxRows, maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
   const method = plan.countMethod;
 
-  if (plan.rows > maxRows) {
-    return {
-      code: 'too_many_rows',
-      message: `too many rows: ${plan.rows}, the limit is ${maxRows}`,
-      details: { rows: plan.rows, limit: maxRows },
-    };
-  }
+  const rowsRefusal = tooManyRows(plan.rows, maxRows);
+  if (rowsRefusal) return rowsRefusal;
 
   // The first row over the limit is reported, so the client can find it.
   const big = plan.rowTokens.findIndex((_, i) => rowFigure(plan, i).tokens > maxRowTokens);
@@ -179,13 +180,16 @@ export function messageFloorRefusal(
   method: CountMethod,
   limits: Partial<SizeLimits> = {},
   contextWindow: number | null = null,
+  /** Parameters of the tools offered (`toolParametersAtLeast`): each costs TOKENS_PER_MESSAGE too. */
+  toolParameters = 0,
 ): SizeRefusal | null {
   if (!method.startsWith('tiktoken:')) return null;
   const { maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
   // The reply's priming (3 tokens) is in every count too.
-  const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE;
+  const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE + toolParameters * TOKENS_PER_MESSAGE;
   const label = `${method.replace(/:upper-bound$/, '')}:lower-bound` as CountMethod;
-  const why = `a lower bound: ${messages} messages at ${TOKENS_PER_MESSAGE} tokens each, before what they say`;
+  const params = toolParameters > 0 ? ` and ${toolParameters} tool parameters` : '';
+  const why = `a lower bound: ${messages} messages${params} at ${TOKENS_PER_MESSAGE} tokens each, before what they say`;
   if (floor > maxRowTokens) {
     return {
       code: 'row_too_large',
@@ -208,4 +212,33 @@ export function messageFloorRefusal(
     };
   }
   return null;
+}
+
+/**
+ * The parameters of a tool offer, as the tiktoken count walks them (a function's properties, and
+ * nested objects' and array items' properties), counted no further than `enough`: each costs the
+ * cookbook's 3-token key whatever it says, so a tool of a million parameters is refused on that
+ * floor before its texts are built and counted (that took 17 s, 9 of them on the event loop).
+ */
+export function toolParametersAtLeast(tools: readonly unknown[] | null, enough: number): number {
+  let n = 0;
+  const walk = (holder: unknown, depth: number): void => {
+    if (holder === null || typeof holder !== 'object' || depth >= 32) return;
+    const props = (holder as Record<string, unknown>).properties;
+    if (props === null || typeof props !== 'object' || Array.isArray(props)) return;
+    for (const key in props) {
+      if (++n > enough) return;
+      const prop = (props as Record<string, unknown>)[key];
+      if (prop === null || typeof prop !== 'object') continue;
+      walk(prop, depth + 1);
+      walk((prop as Record<string, unknown>).items, depth + 1);
+      if (n > enough) return;
+    }
+  };
+  for (const tool of tools ?? []) {
+    const fn = tool !== null && typeof tool === 'object' ? (tool as Record<string, unknown>).function : undefined;
+    if (fn !== null && typeof fn === 'object') walk((fn as Record<string, unknown>).parameters, 0);
+    if (n > enough) break;
+  }
+  return n;
 }

@@ -12,7 +12,7 @@ import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, ty
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
-import { checkSizes, messageFloorRefusal } from '../../metering/size-check.js';
+import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast, TOKENS_PER_MESSAGE } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
@@ -335,6 +335,9 @@ export interface PlanOptions {
   exact?: boolean;
 }
 
+/** A request with more than this many times `limits.maxRows` rows is refused without counting any. */
+const ROWS_COUNTED_PAST_LIMIT = 4;
+
 export async function plan(gw: Gateway, valid: ValidRequest, principal: Principal, headers: Headers, opts: PlanOptions = {}): Promise<Plan> {
   const time = gw.clock();
   const upstream = gw.upstreams.route(valid.model);
@@ -352,8 +355,19 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined);
   // Every count of this plan uses it once it is needed (the final-answer request's too).
   let counter = opts.exact ? exactCounter() : undefined;
+  // Far too many rows are refused before any row is counted (SPEC §11 checks rows first): counting
+  // six million embeddings inputs only to refuse them held the event loop for 40 s. A request just
+  // past the limit is counted, so that its refused plan still shows each row's tokens.
+  const rowsRefusal = valid.rows > ROWS_COUNTED_PAST_LIMIT * gw.config.limits.maxRows ? tooManyRows(valid.rows, gw.config.limits.maxRows) : null;
+  if (rowsRefusal) {
+    const err = new GatewayError(rowsRefusal.code, rowsRefusal.message, rowsRefusal.details);
+    err.context = { model: valid.model, upstream: upstream.name, rows: valid.rows, context_window: contextWindow };
+    throw err;
+  }
   if (messages) {
-    const floor = messageFloorRefusal(messages.length, gw.counters.forModel(upstream, valid.model).method, gw.config.limits, contextWindow);
+    const limits = gw.config.limits;
+    const toolParameters = toolParametersAtLeast(valid.tools, Math.ceil(Math.max(limits.maxRowTokens, limits.maxRequestTokens) / TOKENS_PER_MESSAGE));
+    const floor = messageFloorRefusal(messages.length, gw.counters.forModel(upstream, valid.model).method, limits, contextWindow, toolParameters);
     if (floor) throw new GatewayError(floor.code, floor.message, floor.details);
   }
   let counted = await countAll(gw, upstream, valid, undefined, known, counter);

@@ -4,7 +4,8 @@
 import t, { type Test } from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
 import { startOpenAiDouble } from '../doubles/openai.js';
-import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
+import { startGateway, openaiUpstream, llamaUpstream, metricValue } from '../helpers/gateway.js';
+import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 
 const o200k = get_encoding('o200k_base');
 const tokens = (s: string) => o200k.encode_ordinary(s).length;
@@ -395,4 +396,71 @@ t.test('more messages than the limits can hold at 3 tokens each: refused on that
   const fits = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: messages.slice(0, 9_000) });
   t.equal(fits.status, 200);
   t.equal(upstream.requests.length, 1, 'only the request that fits reached the model');
+});
+
+t.test('far too many rows (past 4 × the limit) are refused on their number alone: no row is counted first', async (t) => {
+  // A llama.cpp upstream counts each row with its /tokenize: a request refused for its rows must
+  // not have sent any (six million inputs were counted, one by one, before the 413).
+  const llama = await startLlamaCppDouble();
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)], limits: { maxRows: 8 } });
+  const embed = (rows: number) =>
+    fetch(`${gw.url}/v1/embeddings`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'local-model', input: Array.from({ length: rows }, (_, i) => `row ${i}`) }),
+    });
+  const tokenized = () => llama.requests.filter((r) => r.path === '/tokenize').length;
+  const res = await embed(33);
+  t.equal(res.status, 413);
+  t.same(((await res.json()) as Envelope).error, { message: 'too many rows: 33, the limit is 8', type: 'invalid_request_error', param: null, code: 'too_many_rows', rows: 33, limit: 8 });
+  t.equal(tokenized(), 0, 'no row was counted');
+  // Just past the limit, the rows are counted first (a refused plan shows each row's tokens).
+  const near = await embed(32);
+  t.equal(near.status, 413);
+  t.ok(tokenized() > 0);
+  // Eight rows are counted and served.
+  t.equal((await embed(8)).status, 200);
+});
+
+t.test('a tool offer with more parameters than the limits can hold at 3 tokens each: refused on that floor, before counting', async (t) => {
+  const { both, post, upstream } = await setup(t, {});
+  const properties = Object.fromEntries(Array.from({ length: 12_300 }, (_, i) => [`p${i}`, { type: 'string' }]));
+  const tools = [{ type: 'function', function: { name: 'fill', parameters: { type: 'object', properties } } }];
+  const real = await both('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools });
+  t.equal(real.status, 413);
+  t.same(real.body.error, {
+    message: 'too many tokens: one row has at least 36906 tokens, the limit is 36864 per row (a lower bound: 1 messages and 12300 tool parameters at 3 tokens each, before what they say)',
+    type: 'invalid_request_error',
+    param: null,
+    code: 'row_too_large',
+    row_index: 0,
+    row_tokens: 36906,
+    limit: 36864,
+    count_method: 'tiktoken:o200k_base:lower-bound',
+  });
+  // Nested parameters count too (an object's properties, an array's items').
+  const nested = { type: 'object', properties: { outer: { type: 'object', properties }, list: { type: 'array', items: { type: 'object', properties } } } };
+  const deep = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: nested } }] });
+  t.equal(deep.status, 413);
+  t.equal(deep.body.error.count_method, 'tiktoken:o200k_base:lower-bound');
+  t.equal(upstream.requests.length, 0);
+});
+
+t.test('an object with more than 256 fields in a message, or a request with more than 256, is a 400 naming it', async (t) => {
+  const { post, upstream } = await setup(t, {});
+  const many = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`f${i}`, 0]));
+  const message = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }, { role: 'user', content: 'x', ...many(300) }] });
+  t.equal(message.status, 400);
+  t.same(message.body.error, { message: 'messages[1]: has more than 256 fields, the most an object of a message may have', type: 'invalid_request_error', param: 'messages[1]', code: 'invalid_request' });
+  const part = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: [{ type: 'text', text: 'x', ...many(300) }] }] });
+  t.equal(part.status, 400);
+  t.equal(part.body.error.param, 'messages[0].content[0]');
+  const top = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], ...many(300) });
+  t.equal(top.status, 400);
+  t.equal(top.body.error.message, 'the request has more than 256 fields, the most it may have');
+  t.equal(upstream.requests.length, 0, 'nothing was sent');
+  // 256 of them still go (a provider's own fields pass through).
+  const fits = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'x', ...many(254) }] });
+  t.equal(fits.status, 200);
 });
