@@ -9,6 +9,7 @@ import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 import { writtenText } from './output-meter.js';
+import { redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
 
@@ -66,7 +67,7 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   // write: upstream-error-body.ts) failed all the same.
   const error = upstreamErrorIn(parsed);
   if (error !== null) {
-    const message = error.message !== '' ? error.message : JSON.stringify(error);
+    const message = redactText(String(error.message !== '' ? error.message : JSON.stringify(error)), plan.upstream.apiKey);
     throw quotingUpstream(
       badUpstreamResponse(plan.upstream.name, `answered 200 with an error: ${message}`),
       `upstream "${plan.upstream.name}" answered 200 with an error (its message is not logged: it may repeat the prompt)`,

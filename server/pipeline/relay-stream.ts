@@ -16,6 +16,7 @@ import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-
 import { badUpstreamStream } from './forward.js';
 import { errorEnvelopeOf, streamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
+import { redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
 
@@ -162,7 +163,7 @@ export async function relayStream(
       return false;
     }
     if (event.event === 'error') {
-      out.upstreamError = errorOf(event.data, plan.upstream.name);
+      out.upstreamError = redactDeep(errorOf(event.data, plan.upstream.name), plan.upstream.apiKey);
       return false;
     }
     // Data in one line can be passed on as `data: <it>`; data that came in several `data:` lines
@@ -194,7 +195,7 @@ export async function relayStream(
     try {
       chunk = JSON.parse(event.data);
     } catch {
-      write(`${event.raw}\n\n`);
+      write(`${redactText(event.raw, plan.upstream.apiKey)}\n\n`);
       return true;
     }
     if (!isObject(chunk)) return true;
@@ -203,7 +204,7 @@ export async function relayStream(
     // told in the envelope a failed non-streamed request gets.
     const error = streamErrorIn(chunk);
     if (error !== null) {
-      out.upstreamError = errorEnvelopeOf(error, plan.upstream.name).error;
+      out.upstreamError = redactDeep(errorEnvelopeOf(error, plan.upstream.name).error, plan.upstream.apiKey);
       return false;
     }
     const { usage, timings, choices } = chunk;

@@ -9,6 +9,7 @@ import type { Gateway } from '../gateway.js';
 import type { TokenCounter } from '../../metering/types.js';
 import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
+import { redactBodyText, redactText } from './upstream-key.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
 import { planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
@@ -293,7 +294,7 @@ async function relayAdmitted(
     const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
     reply
       .code(res.statusCode)
-      .headers({ ...upstreamHeaders(res.headers), ...final, ...admissionHeaders(plan, notices), ...settledHeaders(failed) })
+      .headers({ ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...final, ...admissionHeaders(plan, notices), ...settledHeaders(failed) })
       .send(body);
     return;
   }
@@ -314,7 +315,7 @@ async function relayAdmitted(
   if (res.statusCode >= 300) {
     await errorText(plan, res);
     const what = `redirected the request (${res.statusCode}); the gateway follows no redirect: set the upstream's baseUrl to where it points`;
-    const location = typeof res.headers.location === 'string' ? redactKey(plan, res.headers.location.slice(0, 500)) : '(no location)';
+    const location = typeof res.headers.location === 'string' ? redactText(res.headers.location.slice(0, 500), plan.upstream.apiKey) : '(no location)';
     return badResponse(quotingUpstream(badUpstreamResponse(plan.upstream.name, `${what} (the gateway's log says where)`), `upstream "${plan.upstream.name}" ${what}: ${location}`));
   }
 
@@ -354,8 +355,8 @@ async function relayAdmitted(
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(200);
-    if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers), ...admissionHeaders(plan, notices) }, settled);
-    reply.code(200).headers({ ...upstreamHeaders(res.headers), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
+    if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, notices) }, settled);
+    reply.code(200).headers({ ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
     if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
     else reply.send(json.body);
     return;
@@ -372,7 +373,7 @@ async function relayAdmitted(
       // so the upstream generated on for ~70 s); `close` when the client asked for it (RFC 9112 §9.6).
       connection: /\bclose\b/i.test(request.headers.connection ?? '') ? 'close' : 'keep-alive',
       'x-accel-buffering': 'no',
-      ...upstreamHeaders(res.headers),
+      ...upstreamHeaders(res.headers, plan.upstream.apiKey),
       ...admissionHeaders(plan, notices),
       ...extra,
     });
@@ -507,13 +508,7 @@ const ERROR_BODY_BYTES = 1024 * 1024;
  * echoes the request's headers in its error must not hand the gateway's key to the client.
  */
 async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<string> {
-  return redactKey(plan, await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => ''));
-}
-
-/** `text` without the upstream's key in it (an upstream may echo it back). */
-function redactKey(plan: Plan, text: string): string {
-  const key = plan.upstream.apiKey;
-  return key && key.length >= 8 ? text.split(key).join('[redacted]') : text;
+  return redactBodyText(await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => ''), plan.upstream.apiKey);
 }
 
 /**

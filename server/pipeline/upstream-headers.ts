@@ -5,17 +5,19 @@
 // framing and metering headers.
 
 import type { IncomingHttpHeaders } from 'node:http';
+import { redactText } from './upstream-key.js';
 
 const PASSED = new Set(['x-request-id', 'retry-after', 'retry-after-ms', 'x-should-retry', 'openai-processing-ms', 'ratelimit', 'ratelimit-policy']);
 
 /** Rate-limit state by prefix: OpenAI's, Anthropic's (its OpenAI-compatible API), the IETF draft's. */
 const PASSED_PREFIXES = ['x-ratelimit-', 'anthropic-ratelimit-', 'ratelimit-'];
 
-export function upstreamHeaders(headers: IncomingHttpHeaders): Record<string, string> {
+export function upstreamHeaders(headers: IncomingHttpHeaders, upstreamKey: string | null = null): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue;
-    if (PASSED.has(name) || PASSED_PREFIXES.some((p) => name.startsWith(p))) out[name] = Array.isArray(value) ? value.join(', ') : value;
+    // The upstream's own key, echoed into a header, stays behind (upstream-key.ts).
+    if (PASSED.has(name) || PASSED_PREFIXES.some((p) => name.startsWith(p))) out[name] = redactText(Array.isArray(value) ? value.join(', ') : value, upstreamKey);
   }
   return out;
 }

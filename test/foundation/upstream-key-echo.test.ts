@@ -1,0 +1,77 @@
+// The upstream's API key never reaches a client, whatever the upstream echoes back and wherever
+// (server/pipeline/upstream-key.ts): an error in a 200, an error inside a stream (as data, or as an
+// `event: error`), a stream line that is not JSON, a passed-on header, and an error body that
+// spells the key with JSON escapes. A security audit found each of these passing the key on.
+
+import t from 'tap';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+
+const KEY = 'sk-upstream-SECRET-0123456789';
+
+/** Each mode answers with the Authorization header it received echoed in one place. */
+const MODES: Record<string, (auth: string, res: ServerResponse) => void> = {
+  'error-in-200': (auth, res) => json(res, 200, { error: { message: `bad credentials: ${auth}`, type: 'auth' } }),
+  'escaped-401': (auth, res) => {
+    const escaped = [...auth].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('');
+    res.writeHead(401, { 'content-type': 'application/json' }).end(`{"error":{"message":"bad credentials: ${escaped}","type":"auth"}}`);
+  },
+  'header-echo': (auth, res) => {
+    res.setHeader('x-ratelimit-echo', auth);
+    res.setHeader('x-request-id', `req for ${auth}`);
+    json(res, 200, { id: 'c1', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 } });
+  },
+  'stream-data-error': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: null }] })}\n\n`);
+    res.end(`data: ${JSON.stringify({ error: { message: `stream failed for ${auth}`, type: 'server_error' } })}\n\n`);
+  },
+  'stream-event-error': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end(`event: error\ndata: ${JSON.stringify({ error: { message: `overloaded, ${auth}` } })}\n\n`);
+  },
+  'stream-raw-line': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`data: not json, but ${auth}\n\n`);
+    res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: 'stop' }] })}\n\n`);
+    res.end('data: [DONE]\n\n');
+  },
+};
+
+function json(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+}
+
+async function echoingUpstream(t: { teardown(fn: () => unknown): void }): Promise<string> {
+  const server = createServer((req: IncomingMessage, res) => {
+    let raw = '';
+    req.on('data', (c: Buffer) => (raw += c.toString()));
+    req.on('end', () => {
+      const body = JSON.parse(raw) as { messages: Array<{ content: string }> };
+      MODES[body.messages[0]!.content]!(String(req.headers.authorization), res);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+}
+
+t.test("no path hands the upstream's key to the client", async (t) => {
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(await echoingUpstream(t), { billing: 'local' })] }, { env: { DOUBLE_KEY: KEY } });
+  for (const mode of Object.keys(MODES)) {
+    const stream = mode.startsWith('stream');
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: mode }], max_tokens: 5, stream }),
+    });
+    const text = await res.text();
+    const headers = JSON.stringify([...res.headers]);
+    // Decoded as a client would read it: JSON escapes spell the key too.
+    const decoded = stream ? text : JSON.stringify(JSON.parse(text));
+    t.notOk(text.includes(KEY) || decoded.includes(KEY) || /\\u0073\\u006b/.test(text), `${mode}: not in the body`);
+    t.notOk(headers.includes(KEY), `${mode}: not in a header`);
+    t.ok(text.includes('[redacted]') || headers.includes('[redacted]'), `${mode}: the echo is there, redacted (${res.status})`);
+  }
+});
