@@ -13,9 +13,14 @@ const MANTISSAS = [10, 12, 15, 20, 25, 30, 35, 40, 45, 50, 60, 75, 80] as const;
 /** Below this many cents, every whole cent is a rung. */
 const CENT_RUNGS_BELOW = 10;
 
-/** Whole cents, rounding up, without letting 4.14 * 100 = 413.99999… become 413 or 415. */
+/**
+ * Whole cents, rounding up. A sum within a billionth of a dollar above a whole cent is that cent:
+ * float noise (4.14 * 100 = 413.99999…, 0.1 + 0.2 + 0.2 = 0.5000000000000001) must not push a
+ * figure a step, and admission allows the same billionth (USD_EPSILON) — so a sum past that is
+ * rounded up, and the figure still admits it.
+ */
 function centsUp(usd: number): number {
-  return Math.ceil(Math.round(usd * 1e6) / 1e4);
+  return Math.ceil(usd * 100 - 1e-7);
 }
 
 /** The lowest rung at or above `cents` (whole cents to 9, then 10–80 cents, $1–$8, …). */

@@ -49,9 +49,12 @@ export function raiseToFor(scope: LimitScope, limitUsd: number, spentUsd: number
   return scope === 'monthly' ? raiseToForMonthly(limitUsd) : raiseToForConversation(limitUsd);
 }
 
-/** The least limit on the same ladder that would admit this request now: what is spent and held, plus what it needs. */
-export function limitToAdmit(committedUsd: number, neededUsd: number): number {
-  return raiseTo(committedUsd + neededUsd);
+/**
+ * The least limit on the same ladder that would admit this request now: what is spent and held,
+ * plus what it needs, less the room past the cap a cheaper model has (ADR 0006).
+ */
+export function limitToAdmit(committedUsd: number, neededUsd: number, roomUsd = 0): number {
+  return raiseTo(committedUsd + neededUsd - roomUsd);
 }
 
 export function refusalChoices(input: MoneyRefusalInput): RefusalChoices {
@@ -136,7 +139,7 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
       needed: neededUsd === null ? null : roundUsd(neededUsd),
       // Twice the cap may not be enough for a request larger than it: the least limit, on the
       // same ladder, that would admit this one now (unknown for an unpriced model).
-      limit_to_admit_usd: neededUsd === null ? null : limitToAdmit(spentUsd + reservedUsd, neededUsd),
+      limit_to_admit_usd: neededUsd === null ? null : limitToAdmit(spentUsd + reservedUsd, neededUsd, input.roomUsd ?? 0),
       choices: refusalChoices(input),
     },
   };

@@ -49,6 +49,10 @@ t.test('a request larger than the whole limit says so; the raise is still twice 
   t.equal((r.details.choices as { raise_to_usd: number }).raise_to_usd, 4);
   // Held money counts toward what admits it: $0.50 spent + $0.30 held + $0.40 needed → $1.20.
   t.equal(moneyRefusal({ scope: 'conversation', spentUsd: 0.5, reservedUsd: 0.3, limitUsd: 1, neededUsd: 0.4, cheaperModels: [] }).details.limit_to_admit_usd, 1.2);
+  // A cheaper model's room past the cap counts: $1.90 + $0.70 needs $2.60, less $0.25 of room → $2.50.
+  t.equal(moneyRefusal({ scope: 'conversation', spentUsd: 1.9, limitUsd: 2, neededUsd: 0.7, roomUsd: 0.25, cheaperModels: [] }).details.limit_to_admit_usd, 2.5);
+  // Half a micro-dollar past a rung is past it (admission allows a billionth, no more).
+  t.equal(moneyRefusal({ scope: 'conversation', spentUsd: 0, limitUsd: 0.05, neededUsd: 0.10000035, cheaperModels: [] }).details.limit_to_admit_usd, 0.12);
   // A $0 cap has no multiple: the raise offered is the one that admits the request.
   t.equal(raiseToFor('conversation', 0, 0, 0.031), 0.04);
   // An unpriced model's cost is unknown: so is what would admit it.
