@@ -5,6 +5,7 @@ import Fastify, { LogController, type FastifyInstance, type FastifyReply, type F
 import type { Dispatcher } from 'undici';
 import { Registry } from 'prom-client';
 import type { Config, UpstreamConfig } from './config.js';
+import { MIN_RECOVER_AFTER_SECONDS } from './config.js';
 import { ConfigError } from './config-reader.js';
 import { setMaxListeners } from 'node:events';
 import { statSync } from 'node:fs';
@@ -39,6 +40,13 @@ import adminRoutes from '../routes/admin.js';
 
 
 /** How long a client may take to send a whole request (headers and body). */
+/**
+ * How often a PostgreSQL replica says its requests alive and sweeps for stale ones: a fifth of the
+ * shortest `store.recoverAfterSeconds` (60 s), so no replica's live request is ever taken for a
+ * crash by one configured with that threshold.
+ */
+export const KEEP_ALIVE_EVERY_MS = (MIN_RECOVER_AFTER_SECONDS * 1000) / 5;
+
 export const REQUEST_TIMEOUT_MS = 300_000;
 
 /** Node's own rule for the headers' time: 60 s, or the whole request's time if that is less. */
@@ -187,14 +195,15 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // rows stamped after its own now, which a cutoff on time would leave reserved for good. Replicas
   // sharing PostgreSQL may have requests in flight: there only reservations not made or kept alive
   // for the threshold count (`store.recoverAfterSeconds`, 10 minutes by default), swept every
-  // minute or every fifth of the threshold when that is shorter, and each replica first keeps its
-  // own in-flight ones alive — a stream may outlast the threshold (ADR 0011).
+  // 12 s, and each replica first keeps its own in-flight ones alive — a stream may outlast the
+  // threshold (ADR 0011). The interval is a fifth of the shortest threshold allowed, whatever this
+  // replica's: replicas configured apart still say theirs alive often enough for any of them.
   const recoverAfterMs = config.store.kind === 'postgres' ? config.store.recoverAfterSeconds * 1000 : 10 * 60_000;
   const staleMs = opts.staleReservationMs ?? (ledger.kind === 'sqlite' ? 0 : recoverAfterMs);
   const recovered = ledger.kind === 'sqlite' ? await ledger.recoverOpen(clock()) : await ledger.recoverStale(staleMs, clock());
   if (recovered > 0) app.log.warn({ recovered }, 'settled reservations left open by a previous run');
   const inFlight = new Set<string>();
-  const sweepEvery = opts.sweepIntervalMs ?? Math.min(60_000, Math.floor(staleMs / 5));
+  const sweepEvery = opts.sweepIntervalMs ?? KEEP_ALIVE_EVERY_MS;
   const sweep =
     staleMs > 0
       ? setInterval(() => {

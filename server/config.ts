@@ -168,6 +168,9 @@ function readAllowanceField(r: Reader, kind: UpstreamKind): UpstreamConfig['allo
   return field;
 }
 
+/** The shortest `store.recoverAfterSeconds`: replicas say their requests alive five times within it (server/app.ts). */
+export const MIN_RECOVER_AFTER_SECONDS = 60;
+
 function readStore(r: Reader): StoreConfig {
   const kind = r.oneOf('kind', ['sqlite', 'postgres'] as const, 'sqlite')!;
   if (kind === 'postgres') {
@@ -175,7 +178,7 @@ function readStore(r: Reader): StoreConfig {
     if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
     const schema = r.str('schema', 'public')!;
     if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) r.fail('schema', 'must be a lower-case SQL identifier');
-    const recoverAfterSeconds = r.int('recoverAfterSeconds', 600, 60, 86_400)!;
+    const recoverAfterSeconds = r.int('recoverAfterSeconds', 600, MIN_RECOVER_AFTER_SECONDS, 86_400)!;
     return { kind, url: url!, schema, recoverAfterSeconds };
   }
   if (r.has('recoverAfterSeconds')) r.fail('recoverAfterSeconds', 'applies to a postgres store only: SQLite recovers every open reservation at start');
