@@ -25,7 +25,7 @@ export class KeySlots {
   take(owner: string): () => void {
     if (this.limit === null) return noop;
     const n = this.held.get(owner) ?? 0;
-    if (n >= this.limit) throw tooManyInFlight(n, this.limit);
+    if (n >= this.limit) throw tooManyInFlight(n, this.limit, owner.startsWith('key:') ? 'this key' : `tenant "${owner.slice('tenant:'.length)}" (a gateway without keys)`);
     this.held.set(owner, n + 1);
     let given = false;
     return () => {
@@ -45,13 +45,14 @@ export class KeySlots {
 
 function noop(): void {}
 
-function tooManyInFlight(inFlight: number, limit: number): GatewayError {
+function tooManyInFlight(inFlight: number, limit: number, whose: string): GatewayError {
   const err = new GatewayError(
     'concurrency_limit_reached',
-    `too many requests in flight for this key: ${inFlight} running, the limit is ${limit}; send it again when one has finished`,
+    `too many requests in flight for ${whose}: ${inFlight} running, the limit is ${limit}; send it again when one has finished`,
     { in_flight: inFlight, limit },
   );
-  // Unlike a refusal, this one passes by itself: the SDKs' own retry (with back-off) is welcome.
+  // Unlike a refusal, this one passes by itself: the OpenAI SDKs wait `retry-after` and retry
+  // (twice by default), which is welcome.
   err.retryAfterSeconds = 1;
   return err;
 }

@@ -144,6 +144,17 @@ t.test("/v1/admission does not count requests in flight, and its limits are the 
   held.abort.abort();
 });
 
+t.test('a gateway without keys counts its tenant local as one key, and says so', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 10, stallAfterChunks: 1 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })], limits: { maxInFlightPerKey: 1 } });
+  const held = await heldStream(gw, 'tg-anything');
+  const refused = await chat(gw, 'tg-something-else', {});
+  t.equal(refused.status, 429);
+  t.equal(((await refused.json()) as { error: { message: string } }).error.message, 'too many requests in flight for tenant "local" (a gateway without keys): 1 running, the limit is 1; send it again when one has finished');
+  held.abort.abort();
+});
+
 t.test('off by default: a key may have any number in flight', async (t) => {
   const { upstream, gw } = await gatewayWith(t, {});
   const held = await Promise.all([1, 2, 3, 4, 5].map(() => heldStream(gw, 'tg-busy')));
