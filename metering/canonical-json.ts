@@ -17,7 +17,9 @@ export function canonicalJson(value: unknown): string {
 function normalise(value: unknown): unknown {
   if (Array.isArray(value)) return value.map((v) => (v === undefined ? null : normalise(v)));
   if (value !== null && typeof value === 'object') {
-    const out: Record<string, unknown> = {};
+    // No prototype: a member named `__proto__` (JSON.parse makes it an own field) is kept as one,
+    // not taken for the object's prototype and dropped from the hash.
+    const out = Object.create(null) as Record<string, unknown>;
     for (const key of Object.keys(value).sort()) {
       const v = (value as Record<string, unknown>)[key];
       if (v === null || v === undefined || typeof v === 'function') continue;
