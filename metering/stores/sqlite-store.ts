@@ -2,6 +2,7 @@
 // better-sqlite3 is synchronous, so every admit/settle runs to completion inside one
 // BEGIN IMMEDIATE transaction: the write lock is taken before the counters are read, which makes
 // read-check-write atomic against other connections and other processes on the same file.
+import { chmodSync, existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import Database from 'better-sqlite3';
 import type {
@@ -177,9 +178,14 @@ export class SqliteLedger implements Ledger {
   constructor(opts: SqliteLedgerOptions) {
     this.owner = opts.owner ?? null;
     this.location = opts.path === '' || opts.path === ':memory:' ? ':memory:' : resolve(opts.path);
+    const fileMadeNow = this.location !== ':memory:' && !existsSync(this.location);
     this.db = new Database(opts.path);
     // No schema yet: the file is new (or was empty), and this is a ledger with no history.
     this.createdNow = this.db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").get() === undefined;
+    // A ledger holds key hashes and every tenant's spend: a file made here is readable by its
+    // owner alone (SQLite gives its -wal and -shm files the database file's mode). A file that
+    // was there keeps the mode its operator gave it.
+    if (fileMadeNow) chmodSync(this.location, 0o600);
     this.db.pragma('journal_mode = WAL');
     this.db.pragma(`synchronous = ${opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL'}`);
     this.db.pragma(`busy_timeout = ${Math.max(0, Math.floor(opts.busyTimeoutMs ?? 5000))}`);

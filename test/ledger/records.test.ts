@@ -2,7 +2,7 @@
 // migrations, on every store.
 import t, { type Test } from 'tap';
 import { createHash, randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -169,6 +169,25 @@ t.test('sqlite: a ledger a newer Tollgate wrote is refused before anything is re
   const after = new Database(path, { readonly: true });
   t.teardown(() => after.close());
   t.equal(after.prepare('SELECT MAX(version) FROM schema_version').pluck().get(), known + 1, 'left as it was');
+});
+
+t.test('sqlite: a new ledger file, and its WAL, are readable by their owner alone; an existing file keeps its mode', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-mode-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const path = join(dir, 'ledger.db');
+  const ledger = await openStore({ kind: 'sqlite', path });
+  await ledger.createTenant({ id: 'acme', monthlyBudgetUsd: 3 });
+  const mode = (p: string) => statSync(p).mode & 0o777;
+  t.equal(mode(path), 0o600, 'key hashes and spend: owner only');
+  t.equal(mode(`${path}-wal`), 0o600, 'the WAL takes the file\'s mode');
+  await ledger.close();
+  // A file the operator made (or opened to a group) is left as it is.
+  const theirs = join(dir, 'theirs.db');
+  writeFileSync(theirs, '');
+  chmodSync(theirs, 0o640);
+  const again = await openStore({ kind: 'sqlite', path: theirs });
+  await again.close();
+  t.equal(mode(theirs), 0o640);
 });
 
 t.test('sqlite: the head look-ups are answered from one index, and heads carry no other', async (t) => {
