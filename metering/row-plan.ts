@@ -30,7 +30,8 @@ export function textRows(value: unknown, param: 'prompt' | 'input'): Row[] {
   });
 }
 
-function isTokenId(v: unknown): boolean {
+/** A token id: a whole number from 0. */
+export function isTokenId(v: unknown): boolean {
   return typeof v === 'number' && Number.isInteger(v) && v >= 0;
 }
 

@@ -3,6 +3,7 @@
 
 import { GatewayError } from '../errors.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
+import { isTokenId } from '../../metering/row-plan.js';
 
 export type EndpointKind = 'chat' | 'completions' | 'embeddings';
 
@@ -195,10 +196,6 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
     }
   }
   return list.length;
-}
-
-function isTokenId(v: unknown): boolean {
-  return typeof v === 'number' && Number.isInteger(v) && v >= 0;
 }
 
 /**
