@@ -9,7 +9,7 @@ import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 import { writtenText } from './output-meter.js';
-import { redactText } from './upstream-key.js';
+import { redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
 
@@ -73,15 +73,18 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
       `upstream "${plan.upstream.name}" answered 200 with an error (its message is not logged: it may repeat the prompt)`,
     );
   }
-  const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
+  // An answer that echoes the upstream's own key (a debugging proxy that repeats the request's
+  // headers) is written out again without it; the common answer goes as it came (upstream-key.ts).
+  const clean = redactDeep(parsed, plan.upstream.apiKey);
+  const choices = Array.isArray(clean.choices) ? clean.choices.filter(isObject) : [];
   const texts = choices.map(choiceText);
-  let body = parsed;
-  let raw: string | null = text;
+  let body = clean;
+  let raw: string | null = clean === parsed ? text : null;
   let toolsProposed = false;
   let empty = false;
   if (plan.mode === 'final-answer') {
     raw = null;
-    const stripped = stripToolCallsFromCompletion(parsed);
+    const stripped = stripToolCallsFromCompletion(clean);
     body = stripped.body as Json;
     toolsProposed = stripped.toolsProposed;
     empty = stripped.empty;

@@ -16,7 +16,7 @@ import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-
 import { badUpstreamStream } from './forward.js';
 import { errorEnvelopeOf, streamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
-import { redactDeep, redactText } from './upstream-key.js';
+import { holdsKey, redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
 
@@ -171,7 +171,9 @@ export async function relayStream(
     const oneLine = !event.data.includes('\n');
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
-    const plain = filter === null && (metaTaken || metaParsed) && oneLine && !cutChoices.has(0) ? contentChunk(event.data) : null;
+    const fast = filter === null && (metaTaken || metaParsed) && oneLine && !cutChoices.has(0) ? contentChunk(event.data) : null;
+    // A chunk that carries the upstream's own key goes the full way, where it is taken out.
+    const plain = fast !== null && (holdsKey(event.data, plan.upstream.apiKey) || holdsKey(fast.text, plan.upstream.apiKey)) ? null : fast;
     if (plain !== null) {
       if (finished.has(0) && plain.text !== '' && !finishEveryChunk) {
         // Content after the choice's finish (as below).
@@ -192,8 +194,11 @@ export async function relayStream(
       return finished.size < choicesExpected;
     }
     let chunk: unknown;
+    let redacted = false;
     try {
-      chunk = JSON.parse(event.data);
+      const parsed: unknown = JSON.parse(event.data);
+      chunk = redactDeep(parsed, plan.upstream.apiKey);
+      redacted = chunk !== parsed;
     } catch {
       write(`${redactText(event.raw, plan.upstream.apiKey)}\n\n`);
       return true;
@@ -235,7 +240,7 @@ export async function relayStream(
     // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
     // as it came only to a client that asked too. So are the figures a server writes in every chunk
     // for a client that asked for them (vLLM's `continuous_usage_stats`).
-    let untouched = oneLine && !filter && (usage === undefined || ((usage === null || isObject(usage)) && plan.valid.includeUsage)) && timings === undefined;
+    let untouched = oneLine && !filter && !redacted && (usage === undefined || ((usage === null || isObject(usage)) && plan.valid.includeUsage)) && timings === undefined;
     let visible = false;
     for (const raw of choices) {
       if (!isObject(raw)) {

@@ -14,6 +14,11 @@ function searched(key: string | null | undefined): key is string {
   return typeof key === 'string' && key.length >= MIN_KEY_CHARS;
 }
 
+/** Whether `text` holds the key as it is (its JSON-escaped spellings are found by parsing: redactDeep). */
+export function holdsKey(text: string, key: string | null | undefined): boolean {
+  return searched(key) && text.includes(key);
+}
+
 /** `text` with every occurrence of `key` replaced. */
 export function redactText(text: string, key: string | null | undefined): string {
   return searched(key) && text.includes(key) ? text.split(key).join(REDACTED) : text;

@@ -1,7 +1,8 @@
 // The upstream's API key never reaches a client, whatever the upstream echoes back and wherever
 // (server/pipeline/upstream-key.ts): an error in a 200, an error inside a stream (as data, or as an
-// `event: error`), a stream line that is not JSON, a passed-on header, and an error body that
-// spells the key with JSON escapes. A security audit found each of these passing the key on.
+// `event: error`), a stream line that is not JSON, a passed-on header, an error body that spells
+// the key with JSON escapes, and an answer or a stream chunk that carries it beside the answer. A
+// security audit and its review found each of these passing the key on.
 
 import t from 'tap';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
@@ -21,6 +22,20 @@ const MODES: Record<string, (auth: string, res: ServerResponse) => void> = {
     res.setHeader('x-ratelimit-echo', auth);
     res.setHeader('x-request-id', `req for ${auth}`);
     json(res, 200, { id: 'c1', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 } });
+  },
+  'answer-echo': (auth, res) => {
+    const escaped = [...auth].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('');
+    res.writeHead(200, { 'content-type': 'application/json' }).end(
+      `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4o-mini","debug":{"authorization":"${auth}","escaped":"${escaped}"},"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`,
+    );
+  },
+  'stream-chunk-echo': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const chunk = (content: string, extra: Record<string, unknown> = {}) => `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', ...extra, choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+    res.write(chunk('hi'));
+    res.write(chunk(' there', { debug: { authorization: auth } }));
+    res.write(chunk(` (${auth})`));
+    res.end('data: [DONE]\n\n');
   },
   'stream-data-error': (auth, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
