@@ -227,8 +227,10 @@ export function toolParametersAtLeast(tools: readonly unknown[] | null, enough: 
     const props = (holder as Record<string, unknown>).properties;
     if (props === null || typeof props !== 'object' || Array.isArray(props)) return;
     for (const key in props) {
-      if (++n > enough) return;
       const prop = (props as Record<string, unknown>)[key];
+      // The count takes 3 off for an enum (and 3 per item): a parameter with an empty enum, of
+      // its own or of its items, may cost less than 3, and is left out of the floor.
+      if (!hasEmptyEnum(prop) && ++n > enough) return;
       if (prop === null || typeof prop !== 'object') continue;
       walk(prop, depth + 1);
       walk((prop as Record<string, unknown>).items, depth + 1);
@@ -241,4 +243,12 @@ export function toolParametersAtLeast(tools: readonly unknown[] | null, enough: 
     if (n > enough) break;
   }
   return n;
+}
+
+function hasEmptyEnum(prop: unknown): boolean {
+  if (prop === null || typeof prop !== 'object') return false;
+  const { enum: own, items } = prop as Record<string, unknown>;
+  if (Array.isArray(own) && own.length === 0) return true;
+  const itemsEnum = items !== null && typeof items === 'object' ? (items as Record<string, unknown>).enum : undefined;
+  return Array.isArray(itemsEnum) && itemsEnum.length === 0;
 }

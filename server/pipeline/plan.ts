@@ -366,9 +366,14 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
   if (messages) {
     const limits = gw.config.limits;
-    const toolParameters = toolParametersAtLeast(valid.tools, Math.ceil(Math.max(limits.maxRowTokens, limits.maxRequestTokens) / TOKENS_PER_MESSAGE));
+    // A round that would go as the tools-free final answer if it is too large is not held to its tools' floor.
+    const toolParameters = answersInstead(valid, gw.config.runs.writeTools) ? 0 : toolParametersAtLeast(valid.tools, Math.ceil(Math.max(limits.maxRowTokens, limits.maxRequestTokens) / TOKENS_PER_MESSAGE));
     const floor = messageFloorRefusal(messages.length, gw.counters.forModel(upstream, valid.model).method, limits, contextWindow, toolParameters);
-    if (floor) throw new GatewayError(floor.code, floor.message, floor.details);
+    if (floor) {
+      const err = new GatewayError(floor.code, floor.message, floor.details);
+      err.context = { model: valid.model, upstream: upstream.name, rows: 1, context_window: contextWindow };
+      throw err;
+    }
   }
   let counted = await countAll(gw, upstream, valid, undefined, known, counter);
   const rowsOf = (c: RowCounts) =>

@@ -445,6 +445,23 @@ t.test('a tool offer with more parameters than the limits can hold at 3 tokens e
   t.equal(deep.status, 413);
   t.equal(deep.body.error.count_method, 'tiktoken:o200k_base:lower-bound');
   t.equal(upstream.requests.length, 0);
+  // A parameter with an empty enum (its own, or its items') may cost less than 3 tokens: no floor.
+  const emptyEnums = Object.fromEntries(Array.from({ length: 12_300 }, (_, i) => [`p${i}`, { enum: [], items: { enum: [] } }]));
+  const counted = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: emptyEnums } } }] });
+  t.not(counted.body.error?.count_method, 'tiktoken:o200k_base:lower-bound', 'counted, not refused on the floor');
+  // A research round past its tools' floor goes as the tools-free final answer, as one past its count does.
+  const round = await post('/v1/chat/completions', {
+    model: 'gpt-4o',
+    messages: [
+      { role: 'user', content: 'look it up' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'fill', arguments: '{}' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'found it' },
+    ],
+    tools,
+  });
+  t.equal(round.status, 200, 'answered');
+  t.match(round.headers.get('x-tollgate-notice'), /finishing-the-answer/);
+  t.equal(upstream.requests.at(-1)?.body?.tools, undefined, 'sent without its tools');
 });
 
 t.test('an object with more than 256 fields in a message, or a request with more than 256, is a 400 naming it', async (t) => {
@@ -460,7 +477,27 @@ t.test('an object with more than 256 fields in a message, or a request with more
   t.equal(top.status, 400);
   t.equal(top.body.error.message, 'the request has more than 256 fields, the most it may have');
   t.equal(upstream.requests.length, 0, 'nothing was sent');
+  // Wide tools are bounded in all: 50,000 fields at any depth.
+  const wide = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', $defs: many(60_000) } } }] });
+  t.equal(wide.status, 400);
+  t.equal(wide.body.error.message, "the request has more than 50000 fields in all (its objects' members, at any depth), the most it may have");
+  t.equal(upstream.requests.length, 0, 'nothing was sent');
+  // A schema of 3,000 described properties (OpenAI takes up to 5,000; more would not fit the row limit here) is no such request.
+  const schema = Object.fromEntries(Array.from({ length: 3_000 }, (_, i) => [`p${i}`, { type: 'string', description: 'd' }]));
+  const big = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: schema } } }] });
+  t.equal(big.status, 200);
   // 256 of them still go (a provider's own fields pass through).
   const fits = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'x', ...many(254) }] });
   t.equal(fits.status, 200);
+});
+
+t.test('row shape errors: an empty string is named before an empty list of token ids, wherever they are', async (t) => {
+  const { post } = await setup(t, {});
+  const first = await post('/v1/embeddings', { model: 'text-embedding-3-small', input: [[], ''] });
+  t.equal(first.status, 400);
+  t.equal(first.body.error.message, 'input[1]: must not be empty');
+  const second = await post('/v1/embeddings', { model: 'text-embedding-3-small', input: ['a', [], ''] });
+  t.equal(second.body.error.message, 'input[2]: must not be empty');
+  const tokens = await post('/v1/embeddings', { model: 'text-embedding-3-small', input: ['a', []] });
+  t.equal(tokens.body.error.message, 'input[1]: must not be an empty list of token ids');
 });
