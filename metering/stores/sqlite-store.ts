@@ -2,7 +2,7 @@
 // better-sqlite3 is synchronous, so every admit/settle runs to completion inside one
 // BEGIN IMMEDIATE transaction: the write lock is taken before the counters are read, which makes
 // read-check-write atomic against other connections and other processes on the same file.
-import { chmodSync, existsSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, openSync } from 'node:fs';
 import { resolve } from 'node:path';
 import Database from 'better-sqlite3';
 import type {
@@ -179,13 +179,15 @@ export class SqliteLedger implements Ledger {
     this.owner = opts.owner ?? null;
     this.location = opts.path === '' || opts.path === ':memory:' ? ':memory:' : resolve(opts.path);
     const fileMadeNow = this.location !== ':memory:' && !existsSync(this.location);
+    // Made owner-only before SQLite opens it, so that no moment exists where another user could open it.
+    if (fileMadeNow) makeOwnerOnly(this.location);
     this.db = new Database(opts.path);
     // No schema yet: the file is new (or was empty), and this is a ledger with no history.
     this.createdNow = this.db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").get() === undefined;
     // A ledger holds key hashes and every tenant's spend: a file made here is readable by its
     // owner alone (SQLite gives its -wal and -shm files the database file's mode). A file that
     // was there keeps the mode its operator gave it.
-    if (fileMadeNow) chmodSync(this.location, 0o600);
+    if (fileMadeNow) chmodSync(this.location, 0o600); // whatever the umask made of it
     this.db.pragma('journal_mode = WAL');
     this.db.pragma(`synchronous = ${opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL'}`);
     this.db.pragma(`busy_timeout = ${Math.max(0, Math.floor(opts.busyTimeoutMs ?? 5000))}`);
@@ -645,5 +647,17 @@ export class SqliteLedger implements Ledger {
       const last = page[page.length - 1];
       after = { time: Number(last[column]), id: String(last.id) };
     }
+  }
+}
+
+/**
+ * Creates the empty file at `path`, readable and writable by its owner alone. One already there is
+ * left as it is; a folder that is missing or not writable is left for SQLite to report, as it does.
+ */
+function makeOwnerOnly(path: string): void {
+  try {
+    closeSync(openSync(path, 'wx', 0o600));
+  } catch {
+    // EEXIST, ENOENT, EACCES: SQLite opens (or refuses) the path itself next.
   }
 }
