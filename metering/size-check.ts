@@ -215,40 +215,39 @@ export function messageFloorRefusal(
 }
 
 /**
- * The parameters of a tool offer, as the tiktoken count walks them (a function's properties, and
- * nested objects' and array items' properties), counted no further than `enough`: each costs the
- * cookbook's 3-token key whatever it says, so a tool of a million parameters is refused on that
- * floor before its texts are built and counted (that took 17 s, 9 of them on the event loop).
+ * A lower bound, in units of TOKENS_PER_MESSAGE (3 tokens), on what a tool offer's parameters cost
+ * in the tiktoken count (metering/tokenizers/tiktoken-counter.ts, the cookbook's figures): each
+ * parameter's key 3, and each enum on it (its own, its items') −3 and 3 an item; the texts, and
+ * the 3 a nested group adds, only add to that. Function tools only, as the count reads them, and
+ * nested no deeper than it does. So a tool of a million parameters, or an enum of millions of
+ * values, is refused on this floor before its texts are built and counted (that took 17 and 32 s).
  */
-export function toolParametersAtLeast(tools: readonly unknown[] | null, enough: number): number {
-  let n = 0;
+export function toolParametersAtLeast(tools: readonly unknown[] | null): number {
+  let units = 0;
+  const enumUnits = (e: unknown) => (Array.isArray(e) ? e.length - 1 : 0);
   const walk = (holder: unknown, depth: number): void => {
-    if (holder === null || typeof holder !== 'object' || depth >= 32) return;
+    if (holder === null || typeof holder !== 'object') return;
     const props = (holder as Record<string, unknown>).properties;
     if (props === null || typeof props !== 'object' || Array.isArray(props)) return;
     for (const key in props) {
+      units += 1;
       const prop = (props as Record<string, unknown>)[key];
-      // The count takes 3 off for an enum (and 3 per item): a parameter with an empty enum, of
-      // its own or of its items, may cost less than 3, and is left out of the floor.
-      if (!hasEmptyEnum(prop) && ++n > enough) return;
       if (prop === null || typeof prop !== 'object') continue;
+      const { enum: own, items } = prop as Record<string, unknown>;
+      units += enumUnits(own);
+      // The count stops here at its depth bound: neither the items' enum nor anything nested.
+      if (depth + 1 >= 32) continue;
+      const itemsObject = items !== null && typeof items === 'object' && !Array.isArray(items) ? (items as Record<string, unknown>) : null;
+      if (itemsObject) units += enumUnits(itemsObject.enum);
       walk(prop, depth + 1);
-      walk((prop as Record<string, unknown>).items, depth + 1);
-      if (n > enough) return;
+      walk(itemsObject, depth + 1);
     }
   };
   for (const tool of tools ?? []) {
-    const fn = tool !== null && typeof tool === 'object' ? (tool as Record<string, unknown>).function : undefined;
+    if (tool === null || typeof tool !== 'object') continue;
+    const { type, function: fn } = tool as Record<string, unknown>;
+    if (type !== undefined && type !== 'function') continue;
     if (fn !== null && typeof fn === 'object') walk((fn as Record<string, unknown>).parameters, 0);
-    if (n > enough) break;
   }
-  return n;
-}
-
-function hasEmptyEnum(prop: unknown): boolean {
-  if (prop === null || typeof prop !== 'object') return false;
-  const { enum: own, items } = prop as Record<string, unknown>;
-  if (Array.isArray(own) && own.length === 0) return true;
-  const itemsEnum = items !== null && typeof items === 'object' ? (items as Record<string, unknown>).enum : undefined;
-  return Array.isArray(itemsEnum) && itemsEnum.length === 0;
+  return Math.max(0, units);
 }

@@ -83,10 +83,11 @@ function checkToolCalls(calls: unknown[], path: string): void {
 export const MAX_OBJECT_FIELDS = 256;
 
 /**
- * The most fields a request may have in all, its objects' members at any depth. Tools and
- * response schemas may be wide (OpenAI takes up to 5,000 properties in a schema, each a few
- * fields), so they are bounded in all rather than per object: 1.4 million fields in a tool held
- * the event loop for 12 s.
+ * The most fields a request may have in all outside its messages, its objects' members at any
+ * depth. Tools and response schemas may be wide (OpenAI takes up to 5,000 properties in a schema,
+ * each a few fields), so they are bounded in all rather than per object: 1.4 million fields in a
+ * tool held the event loop for 12 s. Messages are bounded per object instead (and by the tokens
+ * each costs): a long agent run's thousands of tool rounds are many fields, and legitimate.
  */
 export const MAX_REQUEST_FIELDS = 50_000;
 
@@ -97,8 +98,8 @@ function fieldsUpTo(o: object, limit: number): number {
   return n;
 }
 
-/** The fields of every object in `v`, at any depth, counted no further than one past `limit`. */
-function fieldsWithin(v: unknown, limit: number): number {
+/** The fields of every object in the request but its messages, at any depth, counted no further than one past `limit`. */
+function fieldsOutsideMessages(body: Record<string, unknown>, limit: number): number {
   let n = 0;
   const walk = (x: unknown): void => {
     if (typeof x !== 'object' || x === null) return;
@@ -111,7 +112,10 @@ function fieldsWithin(v: unknown, limit: number): number {
       walk((x as Record<string, unknown>)[k]);
     }
   };
-  walk(v);
+  for (const k in body) {
+    if (++n > limit) break;
+    if (k !== 'messages') walk(body[k]);
+  }
   return n;
 }
 
@@ -238,8 +242,8 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   if (fieldsUpTo(body, MAX_OBJECT_FIELDS) > MAX_OBJECT_FIELDS) {
     throw new GatewayError('invalid_request', `the request has more than ${MAX_OBJECT_FIELDS} fields, the most it may have`);
   }
-  if (fieldsWithin(body, MAX_REQUEST_FIELDS) > MAX_REQUEST_FIELDS) {
-    throw new GatewayError('invalid_request', `the request has more than ${MAX_REQUEST_FIELDS} fields in all (its objects' members, at any depth), the most it may have`);
+  if (fieldsOutsideMessages(body, MAX_REQUEST_FIELDS) > MAX_REQUEST_FIELDS) {
+    throw new GatewayError('invalid_request', `the request has more than ${MAX_REQUEST_FIELDS} fields outside its messages (its objects' members, at any depth), the most it may have`);
   }
   if (typeof body.model !== 'string' || body.model.length === 0) invalid('model', 'must be a non-empty string');
   if (body.model.length > MAX_MODEL_CHARS) invalid('model', `must be at most ${MAX_MODEL_CHARS} characters (it has ${body.model.length})`);

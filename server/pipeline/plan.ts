@@ -12,7 +12,7 @@ import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, ty
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
-import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast, TOKENS_PER_MESSAGE } from '../../metering/size-check.js';
+import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast } from '../../metering/size-check.js';
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
@@ -364,18 +364,27 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     err.context = { model: valid.model, upstream: upstream.name, rows: valid.rows, context_window: contextWindow };
     throw err;
   }
+  // A research round whose tools alone put it past the limits' floor goes as its tools-free final
+  // answer, as one past its count does (below): it is counted without its tools, so that counting
+  // them only to drop them costs nothing.
+  let toolsPastFloor = false;
   if (messages) {
-    const limits = gw.config.limits;
-    // A round that would go as the tools-free final answer if it is too large is not held to its tools' floor.
-    const toolParameters = answersInstead(valid, gw.config.runs.writeTools) ? 0 : toolParametersAtLeast(valid.tools, Math.ceil(Math.max(limits.maxRowTokens, limits.maxRequestTokens) / TOKENS_PER_MESSAGE));
-    const floor = messageFloorRefusal(messages.length, gw.counters.forModel(upstream, valid.model).method, limits, contextWindow, toolParameters);
+    const method = gw.counters.forModel(upstream, valid.model).method;
+    const floorWith = (toolParameters: number) => messageFloorRefusal(messages.length, method, gw.config.limits, contextWindow, toolParameters);
+    const toolParameters = toolParametersAtLeast(valid.tools);
+    let floor = floorWith(toolParameters);
+    if (floor && toolParameters > 0 && answersInstead(valid, gw.config.runs.writeTools)) {
+      floor = floorWith(0);
+      toolsPastFloor = floor === null;
+    }
     if (floor) {
       const err = new GatewayError(floor.code, floor.message, floor.details);
       err.context = { model: valid.model, upstream: upstream.name, rows: 1, context_window: contextWindow };
       throw err;
     }
   }
-  let counted = await countAll(gw, upstream, valid, undefined, known, counter);
+  const countAsSent = (c: TokenCounter | undefined) => (toolsPastFloor ? countAll(gw, upstream, valid, messages!, undefined, c) : countAll(gw, upstream, valid, undefined, known, c));
+  let counted = await countAsSent(counter);
   const rowsOf = (c: RowCounts) =>
     planRows({
       kind: valid.kind,
@@ -397,7 +406,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // second count: the size checks already take them at the least they can cost, ADR 0022.)
   if (sizeRefusal && counted.textUpperBound && counter === undefined) counter = exactCounter();
   if (sizeRefusal && counted.textUpperBound && counter !== undefined) {
-    counted = await countAll(gw, upstream, valid, undefined, known, counter);
+    counted = await countAsSent(counter);
     rows = rowsOf(counted);
     sizeRefusal = checkSizes(rows, gw.config.limits, contextWindow, valid.kind !== 'embeddings');
   }
@@ -406,7 +415,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // A research round that outgrew the window (or a size limit) after tools have run is answered
   // instead: the run goes to its tools-free final answer (seed 001, SPEC §5: a run always ends in
   // an answer). A first request too large, or one that is itself an answer, is refused as before.
-  const outgrown = sizeRefusal !== null && answersInstead(valid, gw.config.runs.writeTools);
+  const outgrown = toolsPastFloor || (sizeRefusal !== null && answersInstead(valid, gw.config.runs.writeTools));
   if (outgrown) sizeRefusal = null;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);

@@ -9,7 +9,7 @@ import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 import { writtenText } from './output-meter.js';
-import { redactDeep, redactText } from './upstream-key.js';
+import { holdsKey, redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
 
@@ -75,8 +75,11 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   }
   // An answer that echoes the upstream's own key (a debugging proxy that repeats the request's
   // headers) is written out again without it; the common answer goes as it came (upstream-key.ts).
-  const clean = redactDeep(parsed, plan.upstream.apiKey);
-  const choices = Array.isArray(clean.choices) ? clean.choices.filter(isObject) : [];
+  // (Looked for only where the text holds the key, or an escape that might spell it.)
+  const key = plan.upstream.apiKey;
+  const clean = holdsKey(text, key) || (key && text.includes('\\')) ? redactDeep(parsed, key) : parsed;
+  // Metered on what the model wrote, as the upstream sent it.
+  const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
   const texts = choices.map(choiceText);
   let body = clean;
   let raw: string | null = clean === parsed ? text : null;

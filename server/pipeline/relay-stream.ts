@@ -135,7 +135,8 @@ export async function relayStream(
    */
   const cutChunk = (index: number, piece: Json | null): Json => {
     const chunk = finishChunk(index, 'length');
-    const text = meter.cutText;
+    // Cut from what the upstream wrote: the upstream's key, if it wrote it, stays behind.
+    const text = redactText(meter.cutText, plan.upstream.apiKey);
     if (text === '' || !plainText(piece)) return chunk;
     const [choice] = chunk.choices as Json[];
     return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
@@ -172,8 +173,10 @@ export async function relayStream(
     // The common content chunk, recognised without parsing it (sse-content-chunk.ts), once the
     // stream's metadata has been taken from a chunk that was parsed.
     const fast = filter === null && (metaTaken || metaParsed) && oneLine && !cutChoices.has(0) ? contentChunk(event.data) : null;
-    // A chunk that carries the upstream's own key goes the full way, where it is taken out.
-    const plain = fast !== null && (holdsKey(event.data, plan.upstream.apiKey) || holdsKey(fast.text, plan.upstream.apiKey)) ? null : fast;
+    // A chunk that may carry the upstream's own key goes the full way, where it is taken out: the
+    // key as written, in the text, or in a member whose JSON escapes the fast path does not read.
+    const key = plan.upstream.apiKey;
+    const plain = fast !== null && key && (fast.escapedElsewhere || holdsKey(event.data, key) || holdsKey(fast.text, key)) ? null : fast;
     if (plain !== null) {
       if (finished.has(0) && plain.text !== '' && !finishEveryChunk) {
         // Content after the choice's finish (as below).
@@ -194,11 +197,13 @@ export async function relayStream(
       return finished.size < choicesExpected;
     }
     let chunk: unknown;
+    // As the upstream sent it: what the model wrote is metered on this, and `chunk` is what goes out.
+    let sent: unknown;
     let redacted = false;
     try {
-      const parsed: unknown = JSON.parse(event.data);
-      chunk = redactDeep(parsed, plan.upstream.apiKey);
-      redacted = chunk !== parsed;
+      sent = JSON.parse(event.data);
+      chunk = redactDeep(sent, plan.upstream.apiKey);
+      redacted = chunk !== sent;
     } catch {
       write(`${redactText(event.raw, plan.upstream.apiKey)}\n\n`);
       return true;
@@ -242,7 +247,8 @@ export async function relayStream(
     // for a client that asked for them (vLLM's `continuous_usage_stats`).
     let untouched = oneLine && !filter && !redacted && (usage === undefined || ((usage === null || isObject(usage)) && plan.valid.includeUsage)) && timings === undefined;
     let visible = false;
-    for (const raw of choices) {
+    const sentChoices = redacted && isObject(sent) && Array.isArray(sent.choices) ? sent.choices : choices;
+    for (const [at, raw] of choices.entries()) {
       if (!isObject(raw)) {
         untouched = false;
         continue;
@@ -255,7 +261,8 @@ export async function relayStream(
         untouched = false;
         continue;
       }
-      const text = deltaText(raw);
+      const written = sentChoices[at];
+      const text = deltaText(isObject(written) ? written : raw);
       if (finished.has(index) && text !== '' && !finishEveryChunk) {
         // A choice that writes on after its finish: this server names a finish in every chunk, so
         // no finish of it says the answer is whole, and none is held back.

@@ -33,6 +33,8 @@ export interface ContentChunk {
   text: string;
   /** The event as received, less a trailing `"usage":null` (there only because the gateway asked for usage). */
   withoutUsage: string;
+  /** A member other than the delta's text (the id, the model, the padding) holds a JSON escape: read as written, it may say more than it shows. */
+  escapedElsewhere: boolean;
 }
 
 /**
@@ -87,7 +89,8 @@ function openai(data: string): ContentChunk | null {
     at = pad.close + 1;
   }
   if (at !== data.length - 1 || data.charCodeAt(at) !== 0x7d) return null;
-  return { text: s.text, withoutUsage: usage === -1 ? data : data.slice(0, usage) + data.slice(usage + USAGE_NULL.length) };
+  const escapedElsewhere = data.lastIndexOf('\\', open) !== -1 || data.indexOf('\\', s.close + 1) !== -1;
+  return { text: s.text, withoutUsage: usage === -1 ? data : data.slice(0, usage) + data.slice(usage + USAGE_NULL.length), escapedElsewhere };
 }
 
 function llamacpp(data: string): ContentChunk | null {
@@ -98,7 +101,7 @@ function llamacpp(data: string): ContentChunk | null {
   // that does not end as an object does.
   const tail = s.close + 1 + LLAMACPP_CLOSE.length;
   if (data.indexOf('{', tail) !== -1 || data.indexOf('[', tail) !== -1 || data.charCodeAt(data.length - 1) !== 0x7d) return null;
-  return { text: s.text, withoutUsage: data };
+  return { text: s.text, withoutUsage: data, escapedElsewhere: data.indexOf('\\', s.close + 1) !== -1 };
 }
 
 export function contentChunk(data: string): ContentChunk | null {

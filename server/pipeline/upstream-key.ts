@@ -45,7 +45,8 @@ export function redactDeep<T>(value: T, key: string | null | undefined): T {
         const k2 = redactText(k, key);
         const y = walk(x);
         if (y !== x || k2 !== k) changed = true;
-        out[k2] = y;
+        // A member named `__proto__` (JSON.parse makes it an own field) stays a member.
+        Object.defineProperty(out, k2, { value: y, enumerable: true, writable: true, configurable: true });
       }
       return changed ? out : v;
     }

@@ -7,7 +7,9 @@
 import t from 'tap';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { get_encoding } from '@dqbd/tiktoken';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import type { LedgerRow } from '../../metering/ledger.js';
 
 const KEY = 'sk-upstream-SECRET-0123456789';
 
@@ -35,6 +37,15 @@ const MODES: Record<string, (auth: string, res: ServerResponse) => void> = {
     res.write(chunk('hi'));
     res.write(chunk(' there', { debug: { authorization: auth } }));
     res.write(chunk(` (${auth})`));
+    res.end('data: [DONE]\n\n');
+  },
+  'stream-escaped-meta': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const escaped = [...auth].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('');
+    const chunk = (content: string, fingerprint: string) =>
+      `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4o-mini","system_fingerprint":"${fingerprint}","choices":[{"index":0,"delta":{"content":"${content}"},"logprobs":null,"finish_reason":null}]}\n\n`;
+    res.write(chunk('hi', 'fp'));
+    res.write(chunk(' there', escaped));
     res.end('data: [DONE]\n\n');
   },
   'stream-data-error': (auth, res) => {
@@ -89,4 +100,30 @@ t.test("no path hands the upstream's key to the client", async (t) => {
     t.notOk(headers.includes(KEY), `${mode}: not in a header`);
     t.ok(text.includes('[redacted]') || headers.includes('[redacted]'), `${mode}: the echo is there, redacted (${res.status})`);
   }
+});
+
+t.test('what the model wrote is charged as it wrote it, the key included, though the client gets it redacted', async (t) => {
+  const o200k = get_encoding('o200k_base');
+  t.teardown(() => o200k.free());
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      // No usage: the gateway counts the output itself.
+      json(res, 200, { id: 'c1', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, message: { role: 'assistant', content: `your header was ${String(req.headers.authorization)}` }, finish_reason: 'stop' }] });
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(url, { billing: 'local' })] }, { env: { DOUBLE_KEY: KEY } });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'echo' }], max_tokens: 100 }),
+  });
+  const body = (await res.json()) as { choices: Array<{ message: { content: string } }> };
+  t.equal(body.choices[0]!.message.content, 'your header was Bearer [redacted]');
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows[0]!.generated_tokens, o200k.encode_ordinary(`your header was Bearer ${KEY}`).length);
 });

@@ -449,6 +449,18 @@ t.test('a tool offer with more parameters than the limits can hold at 3 tokens e
   const emptyEnums = Object.fromEntries(Array.from({ length: 12_300 }, (_, i) => [`p${i}`, { enum: [], items: { enum: [] } }]));
   const counted = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: emptyEnums } } }] });
   t.not(counted.body.error?.count_method, 'tiktoken:o200k_base:lower-bound', 'counted, not refused on the floor');
+  // An enum's values count at 3 each (an enum −3): forty thousand of them are refused on the floor, uncounted.
+  const manyValues = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { mode: { type: 'string', enum: Array.from({ length: 40_000 }, (_, i) => i) } } } } }] });
+  t.equal(manyValues.status, 413);
+  t.equal(manyValues.body.error.count_method, 'tiktoken:o200k_base:lower-bound');
+  // Parameters with empty enums pull the floor down, as they pull the count down: 12,300 ordinary
+  // parameters beside 6,000 with two empty enums each are counted, not refused on the floor.
+  const mixed = { ...properties, ...Object.fromEntries(Array.from({ length: 6_000 }, (_, i) => [`e${i}`, { enum: [], items: { enum: [] } }])) };
+  const pulled = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: mixed } } }] });
+  t.not(pulled.body.error?.count_method, 'tiktoken:o200k_base:lower-bound');
+  // A tool of another type is counted as its own kind, whatever `function` it carries beside.
+  const custom = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'custom', custom: { name: 'x' }, function: { name: 'f', parameters: { type: 'object', properties } } }] });
+  t.not(custom.body.error?.count_method, 'tiktoken:o200k_base:lower-bound');
   // A research round past its tools' floor goes as the tools-free final answer, as one past its count does.
   const round = await post('/v1/chat/completions', {
     model: 'gpt-4o',
@@ -480,8 +492,15 @@ t.test('an object with more than 256 fields in a message, or a request with more
   // Wide tools are bounded in all: 50,000 fields at any depth.
   const wide = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', $defs: many(60_000) } } }] });
   t.equal(wide.status, 400);
-  t.equal(wide.body.error.message, "the request has more than 50000 fields in all (its objects' members, at any depth), the most it may have");
+  t.equal(wide.body.error.message, "the request has more than 50000 fields outside its messages (its objects' members, at any depth), the most it may have");
   t.equal(upstream.requests.length, 0, 'nothing was sent');
+  // A long agent run's messages are many fields, and not held to that bound: 6,000 tool rounds.
+  const rounds = Array.from({ length: 6_000 }, (_, i) => [
+    { role: 'assistant', content: null, tool_calls: [{ id: `c${i}`, type: 'function', function: { name: 'read', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: `c${i}`, content: 'ok' },
+  ]).flat();
+  const long = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'go' }, ...rounds] });
+  t.not(long.status, 400, `a long run is no field-count refusal (${long.status})`);
   // A schema of 3,000 described properties (OpenAI takes up to 5,000; more would not fit the row limit here) is no such request.
   const schema = Object.fromEntries(Array.from({ length: 3_000 }, (_, i) => [`p${i}`, { type: 'string', description: 'd' }]));
   const big = await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: schema } } }] });

@@ -27,7 +27,7 @@ const openai = (content: unknown, extra: Json = {}, choice: Json = {}) =>
 
 t.test('OpenAI content chunks, with and without the usage placeholder', async (t) => {
   const plain = openai(' Hello');
-  t.same(contentChunk(plain), { text: ' Hello', withoutUsage: plain });
+  t.same(contentChunk(plain), { text: ' Hello', withoutUsage: plain, escapedElsewhere: false });
   const withNull = openai(' Hello', { usage: null });
   const c = contentChunk(withNull);
   t.equal(c?.text, ' Hello');
@@ -140,4 +140,13 @@ t.test("OpenAI's chunks as it sends them today: service tier, padding after the 
   for (const rest of [',"obfuscation":"x","usage":null', ',"obfuscation":"x","extra":1', ',"obfuscation":"x', ',"obfuscation":1', ',"usage":null,"usage":null']) {
     t.equal(contentChunk(tail(rest)), null, rest);
   }
+});
+
+t.test('a JSON escape outside the delta text is said, so a key spelled that way is read before it goes out', async (t) => {
+  t.equal(contentChunk(openai('caf\u00e9 \\ "q"'))?.escapedElsewhere, false, 'escapes in the text are the text\'s');
+  t.equal(contentChunk(openai('hi').replace('"fp"', '"\\u0066p"'))?.escapedElsewhere, true, 'in a member before the choices');
+  const padded = openai('hi', { obfuscation: 'a\\u0062c' });
+  t.equal(contentChunk(padded)?.escapedElsewhere, true, 'in the padding after them');
+  const llama = '{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"hi"}}],"created":1,"id":"\\u0063hat","model":"m","object":"chat.completion.chunk"}';
+  t.equal(contentChunk(llama)?.escapedElsewhere, true, 'in a llama.cpp chunk\'s members');
 });
