@@ -83,13 +83,21 @@ function checkToolCalls(calls: unknown[], path: string): void {
 export const MAX_OBJECT_FIELDS = 256;
 
 /**
- * The most fields a request may have in all outside its messages, its objects' members at any
+ * The most fields and array elements a request may have outside its messages and rows, at any
  * depth. Tools and response schemas may be wide (OpenAI takes up to 5,000 properties in a schema,
  * each a few fields), so they are bounded in all rather than per object: 1.4 million fields in a
- * tool held the event loop for 12 s. Messages are bounded per object instead (and by the tokens
- * each costs): a long agent run's thousands of tool rounds are many fields, and legitimate.
+ * tool held the event loop for 12 s, and an enum of 14 million values 2 s. (A completions
+ * `prompt` or embeddings `input` is bounded by its rows and tokens instead: token ids are many.)
  */
 export const MAX_REQUEST_FIELDS = 50_000;
+
+/**
+ * The most fields and array elements the messages may have in all. A long agent run is many (a
+ * tool round is about a dozen: 4,600 rounds are 50,000), so their bound is far larger; but one
+ * that costs no tokens must still have one (3.5 million small objects in a message's extra field
+ * held the event loop for 5.7 s).
+ */
+export const MAX_MESSAGE_FIELDS = 1_000_000;
 
 /** How many fields `o` has, counted no further than one past `limit`. */
 function fieldsUpTo(o: object, limit: number): number {
@@ -98,26 +106,30 @@ function fieldsUpTo(o: object, limit: number): number {
   return n;
 }
 
-/** The fields of every object in the request but its messages, at any depth, counted no further than one past `limit`. */
-function fieldsOutsideMessages(body: Record<string, unknown>, limit: number): number {
+/** The fields and array elements within `v`, at any depth, counted no further than one past `limit`; `skip`: top-level fields not walked into. */
+function nodesWithin(v: unknown, limit: number, skip: ReadonlySet<string> = NOTHING_SKIPPED): number {
   let n = 0;
-  const walk = (x: unknown): void => {
+  const walk = (x: unknown, top: boolean): void => {
     if (typeof x !== 'object' || x === null) return;
     if (Array.isArray(x)) {
-      for (let i = 0; i < x.length && n <= limit; i++) walk(x[i]);
+      for (let i = 0; i < x.length; i++) {
+        if (++n > limit) return;
+        walk(x[i], false);
+      }
       return;
     }
     for (const k in x) {
       if (++n > limit) return;
-      walk((x as Record<string, unknown>)[k]);
+      if (!(top && skip.has(k))) walk((x as Record<string, unknown>)[k], false);
     }
   };
-  for (const k in body) {
-    if (++n > limit) break;
-    if (k !== 'messages') walk(body[k]);
-  }
+  walk(v, true);
   return n;
 }
+
+const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
+/** What MAX_REQUEST_FIELDS does not count: bounded otherwise. */
+const BOUNDED_APART: ReadonlySet<string> = new Set(['messages', 'prompt', 'input']);
 
 /** Whether `v` holds an object with more than MAX_OBJECT_FIELDS fields (at any depth). */
 function holdsOverFull(v: unknown): boolean {
@@ -242,8 +254,11 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   if (fieldsUpTo(body, MAX_OBJECT_FIELDS) > MAX_OBJECT_FIELDS) {
     throw new GatewayError('invalid_request', `the request has more than ${MAX_OBJECT_FIELDS} fields, the most it may have`);
   }
-  if (fieldsOutsideMessages(body, MAX_REQUEST_FIELDS) > MAX_REQUEST_FIELDS) {
-    throw new GatewayError('invalid_request', `the request has more than ${MAX_REQUEST_FIELDS} fields outside its messages (its objects' members, at any depth), the most it may have`);
+  if (nodesWithin(body, MAX_REQUEST_FIELDS, BOUNDED_APART) > MAX_REQUEST_FIELDS) {
+    throw new GatewayError('invalid_request', `the request has more than ${MAX_REQUEST_FIELDS} fields and array elements outside its messages and rows (at any depth), the most it may have`);
+  }
+  if (nodesWithin(body.messages, MAX_MESSAGE_FIELDS) > MAX_MESSAGE_FIELDS) {
+    invalid('messages', `have more than ${MAX_MESSAGE_FIELDS} fields and array elements in all (at any depth), the most they may have`);
   }
   if (typeof body.model !== 'string' || body.model.length === 0) invalid('model', 'must be a non-empty string');
   if (body.model.length > MAX_MODEL_CHARS) invalid('model', `must be at most ${MAX_MODEL_CHARS} characters (it has ${body.model.length})`);

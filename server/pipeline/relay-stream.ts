@@ -133,10 +133,11 @@ export async function relayStream(
    * The chunk that ends a choice cut at its allowance: with the start of the crossing piece that
    * still fits (meter.cutText), when the piece was plain text, else with no text.
    */
-  const cutChunk = (index: number, piece: Json | null): Json => {
+  const cutChunk = (index: number, piece: Json | null, keyTaken = false): Json => {
     const chunk = finishChunk(index, 'length');
-    // Cut from what the upstream wrote: the upstream's key, if it wrote it, stays behind.
-    const text = redactText(meter.cutText, plan.upstream.apiKey);
+    // The start is cut from what the upstream wrote: a piece that held the upstream's key gives
+    // none (a start could end part way into the key, which no search would then find).
+    const text = keyTaken ? '' : meter.cutText;
     if (text === '' || !plainText(piece)) return chunk;
     const [choice] = chunk.choices as Json[];
     return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
@@ -271,7 +272,7 @@ export async function relayStream(
       }
       if (!meter.add(index, text)) {
         // Past the allowance: the choice ends here, with what of this piece still fits.
-        kept.push(...(cutChunk(index, raw).choices as Json[]));
+        kept.push(...(cutChunk(index, raw, written !== raw).choices as Json[]));
         finished.add(index);
         cutChoices.add(index);
         out.cut = true;

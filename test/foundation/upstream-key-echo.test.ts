@@ -102,6 +102,35 @@ t.test("no path hands the upstream's key to the client", async (t) => {
   }
 });
 
+t.test('a stream cut at its allowance part way into an echoed key gives no start of it', async (t) => {
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const chunk = (content: string) => `data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+      res.write(chunk('hi'));
+      res.write(chunk(` your header was ${String(req.headers.authorization)} ok`));
+      res.end('data: [DONE]\n\n');
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(url, { billing: 'local' }), { ...openaiUpstream(url, { billing: 'local' }), name: 'other', models: ['mystery-*'] }] }, { env: { DOUBLE_KEY: KEY } });
+  for (const model of ['gpt-4o-mini', 'mystery-model']) {
+    for (let maxTokens = 2; maxTokens <= 20; maxTokens++) {
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model, messages: [{ role: 'user', content: `cut ${maxTokens}` }], max_tokens: maxTokens, stream: true }),
+      });
+      const text = await res.text();
+      if (text.includes(KEY.slice(0, 6))) t.fail(`${model}, max_tokens ${maxTokens}: a start of the key went out`);
+    }
+  }
+  t.pass('no start of the key at any cut');
+});
+
 t.test('what the model wrote is charged as it wrote it, the key included, though the client gets it redacted', async (t) => {
   const o200k = get_encoding('o200k_base');
   t.teardown(() => o200k.free());

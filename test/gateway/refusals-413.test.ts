@@ -492,7 +492,14 @@ t.test('an object with more than 256 fields in a message, or a request with more
   // Wide tools are bounded in all: 50,000 fields at any depth.
   const wide = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', $defs: many(60_000) } } }] });
   t.equal(wide.status, 400);
-  t.equal(wide.body.error.message, "the request has more than 50000 fields outside its messages (its objects' members, at any depth), the most it may have");
+  t.equal(wide.body.error.message, 'the request has more than 50000 fields and array elements outside its messages and rows (at any depth), the most it may have');
+  // Array elements count too: an enum of 60,000 values.
+  const values = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], response_format: { type: 'json_schema', json_schema: { name: 's', schema: { enum: Array.from({ length: 60_000 }, (_, i) => i) } } } });
+  t.equal(values.status, 400);
+  // Messages have a bound of their own, far larger: a million fields and array elements.
+  const hoard = await post('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi', x: Array.from({ length: 1_000_001 }, () => []) }] });
+  t.equal(hoard.status, 400);
+  t.equal(hoard.body.error.message, 'messages: have more than 1000000 fields and array elements in all (at any depth), the most they may have');
   t.equal(upstream.requests.length, 0, 'nothing was sent');
   // A long agent run's messages are many fields, and not held to that bound: 6,000 tool rounds.
   const rounds = Array.from({ length: 6_000 }, (_, i) => [
