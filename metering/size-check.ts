@@ -180,7 +180,7 @@ export function messageFloorRefusal(
   method: CountMethod,
   limits: Partial<SizeLimits> = {},
   contextWindow: number | null = null,
-  /** Parameters of the tools offered (`toolParametersAtLeast`): each costs TOKENS_PER_MESSAGE too. */
+  /** The tools' parameters and enum values, less one an enum (`toolParametersAtLeast`): each costs TOKENS_PER_MESSAGE too. */
   toolParameters = 0,
 ): SizeRefusal | null {
   if (!method.startsWith('tiktoken:')) return null;
@@ -188,7 +188,7 @@ export function messageFloorRefusal(
   // The reply's priming (3 tokens) is in every count too.
   const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE + toolParameters * TOKENS_PER_MESSAGE;
   const label = `${method.replace(/:upper-bound$/, '')}:lower-bound` as CountMethod;
-  const params = toolParameters > 0 ? ` and ${toolParameters} tool parameters` : '';
+  const params = toolParameters > 0 ? ` and ${toolParameters} tool parameters and enum values (less one an enum)` : '';
   const why = `a lower bound: ${messages} messages${params} at ${TOKENS_PER_MESSAGE} tokens each, before what they say`;
   if (floor > maxRowTokens) {
     return {

@@ -430,7 +430,7 @@ t.test('a tool offer with more parameters than the limits can hold at 3 tokens e
   const real = await both('/v1/chat/completions', { model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], tools });
   t.equal(real.status, 413);
   t.same(real.body.error, {
-    message: 'too many tokens: one row has at least 36906 tokens, the limit is 36864 per row (a lower bound: 1 messages and 12300 tool parameters at 3 tokens each, before what they say)',
+    message: 'too many tokens: one row has at least 36906 tokens, the limit is 36864 per row (a lower bound: 1 messages and 12300 tool parameters and enum values (less one an enum) at 3 tokens each, before what they say)',
     type: 'invalid_request_error',
     param: null,
     code: 'row_too_large',
