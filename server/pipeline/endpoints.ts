@@ -213,6 +213,11 @@ function checkFunctions(v: unknown): ToolDefinition[] | null {
   return v.length > 0 ? v.map((f) => ({ type: 'function', function: f }) as ToolDefinition) : null;
 }
 
+/** The tool offer: `tools`, and a legacy `functions` beside them too (both are forwarded, so both are counted). */
+function offered(tools: ToolDefinition[] | null, functions: ToolDefinition[] | null): ToolDefinition[] | null {
+  return tools && functions ? [...tools, ...functions] : (tools ?? functions);
+}
+
 /**
  * Checks a completions `prompt` / embeddings `input` (the row shapes of metering/row-plan.ts
  * `textRows`) and returns how many rows it has. Nothing is built per row: a body of millions of
@@ -285,7 +290,7 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   };
   switch (kind) {
     case 'chat':
-      return { ...base, messages: checkMessages(body.messages), tools: checkTools(body.tools) ?? checkFunctions(body.functions), rows: 1 };
+      return { ...base, messages: checkMessages(body.messages), tools: offered(checkTools(body.tools), checkFunctions(body.functions)), rows: 1 };
     case 'completions':
       if (body.prompt === undefined) invalid('prompt', 'is required');
       return { ...base, messages: null, tools: null, rows: checkRows(body.prompt, 'prompt', true) };

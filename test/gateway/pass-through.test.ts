@@ -220,6 +220,10 @@ t.test('a legacy `functions` offer is counted and hashed as the tools it stands 
   const legacy = await plan({ model: 'gpt-4o', messages, functions: [fn] });
   const current = await plan({ model: 'gpt-4o', messages, tools: [{ type: 'function', function: fn }] });
   t.equal(legacy.sum_tokens, current.sum_tokens, 'the same prompt as the same offer in `tools`');
+  // Sent beside `tools`, `functions` is forwarded too, and counted too.
+  const both = await plan({ model: 'gpt-4o', messages, tools: [{ type: 'function', function: fn }], functions: [{ ...fn, name: 'lookup' }] });
+  const twice = await plan({ model: 'gpt-4o', messages, tools: [{ type: 'function', function: fn }, { type: 'function', function: { ...fn, name: 'lookup' } }] });
+  t.equal(both.sum_tokens, twice.sum_tokens, 'both offers counted');
 
   // A changed offer shares nothing with the turn before (SPEC §4).
   const send = (functions: unknown[], msgs: unknown[]) =>
