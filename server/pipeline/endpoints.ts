@@ -131,29 +131,24 @@ const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
 /** What MAX_REQUEST_FIELDS does not count: bounded otherwise. */
 const BOUNDED_APART: ReadonlySet<string> = new Set(['messages', 'prompt', 'input']);
 
-/** Whether `v` holds an object with more than MAX_OBJECT_FIELDS fields (at any depth). */
-function holdsOverFull(v: unknown): boolean {
-  if (typeof v !== 'object' || v === null) return false;
-  if (Array.isArray(v)) return v.some(holdsOverFull);
-  if (fieldsUpTo(v, MAX_OBJECT_FIELDS) > MAX_OBJECT_FIELDS) return true;
-  for (const k in v) if (holdsOverFull((v as Record<string, unknown>)[k])) return true;
-  return false;
-}
-
-/** The path of the first object in `v` with more than MAX_OBJECT_FIELDS fields (only asked once there is one). */
-function overFullPath(v: unknown, path: string): string | null {
+/**
+ * Where in `v` the first object with more than MAX_OBJECT_FIELDS fields is, as a path suffix
+ * (`''` for `v` itself, `.content[0]` for one within), or null when there is none. The path is
+ * built only on the way back from a find: an ordinary message costs no strings.
+ */
+function overFullAt(v: unknown): string | null {
   if (typeof v !== 'object' || v === null) return null;
   if (Array.isArray(v)) {
     for (let i = 0; i < v.length; i++) {
-      const inner = overFullPath(v[i], `${path}[${i}]`);
-      if (inner !== null) return inner;
+      const inner = overFullAt(v[i]);
+      if (inner !== null) return `[${i}]${inner}`;
     }
     return null;
   }
-  if (fieldsUpTo(v, MAX_OBJECT_FIELDS) > MAX_OBJECT_FIELDS) return path;
+  if (fieldsUpTo(v, MAX_OBJECT_FIELDS) > MAX_OBJECT_FIELDS) return '';
   for (const k in v) {
-    const inner = overFullPath((v as Record<string, unknown>)[k], `${path}.${k}`);
-    if (inner !== null) return inner;
+    const inner = overFullAt((v as Record<string, unknown>)[k]);
+    if (inner !== null) return `.${k}${inner}`;
   }
   return null;
 }
@@ -163,7 +158,8 @@ function checkMessages(v: unknown): ChatMessage[] {
   if (v.length === 0) invalid('messages', 'must contain at least one message');
   v.forEach((m, i) => {
     if (!isObject(m)) invalid(`messages[${i}]`, 'must be an object');
-    if (holdsOverFull(m)) invalid(overFullPath(m, `messages[${i}]`)!, `has more than ${MAX_OBJECT_FIELDS} fields, the most an object of a message may have`);
+    const full = overFullAt(m);
+    if (full !== null) invalid(`messages[${i}]${full}`, `has more than ${MAX_OBJECT_FIELDS} fields, the most an object of a message may have`);
     if (typeof m.role !== 'string') invalid(`messages[${i}].role`, 'must be a string');
     const c = m.content;
     if (c !== undefined && c !== null && typeof c !== 'string' && !Array.isArray(c)) {
