@@ -14,6 +14,14 @@ function withTimeout<T>(work: Promise<T>, ms: number, message: string): Promise<
   return Promise.race([work, late]).finally(() => clearTimeout(timer));
 }
 
+/** A failed probe's code: the socket's (`ECONNREFUSED`, `ENOTFOUND`), undici's (`UND_ERR_…`), or `timeout`. */
+export function upstreamCode(err: unknown): string {
+  const e = err as { name?: unknown; code?: unknown; cause?: { code?: unknown } } | null;
+  if (e?.name === 'TimeoutError' || e?.name === 'AbortError') return 'timeout';
+  for (const code of [e?.code, e?.cause?.code]) if (typeof code === 'string' && /^[A-Z0-9_]{1,64}$/.test(code)) return code;
+  return 'error';
+}
+
 const route: FastifyPluginAsync = async (app) => {
   app.get('/healthz', async () => ({ status: 'ok' }));
 
@@ -53,7 +61,9 @@ const route: FastifyPluginAsync = async (app) => {
           await res.body.dump();
           return { name: u.name, reachable: true, status: res.statusCode };
         } catch (err) {
-          return { name: u.name, reachable: false, error: (err as Error).message };
+          // Its code, not undici's words: they name the upstream's address, and this route is public.
+          request.log.warn({ upstream: u.name, err: { message: (err as Error).message, code: upstreamCode(err) } }, 'readiness: an upstream did not answer');
+          return { name: u.name, reachable: false, error: `the upstream did not answer (${upstreamCode(err)})` };
         }
       }),
     );

@@ -97,6 +97,10 @@ t.test('/healthz answers; /readyz reports the store and each upstream reachable 
   t.equal(up.get('openai'), true);
   t.equal(up.get('local'), true);
   t.equal(up.get('down'), false);
+  // The probe's code, never undici's words, which name the upstream's address (this route is public).
+  const downReport = body.upstreams.find((u) => u.name === 'down') as { error?: string };
+  t.equal(downReport.error, 'the upstream did not answer (ECONNREFUSED)');
+  t.notMatch(JSON.stringify(body), String(down), 'no port or address of an upstream in the public answer');
   // The probes really went to the upstreams: OpenAI's model list, llama.cpp's /health.
   t.ok(openai.requests.some((r) => r.method === 'GET' && r.path === '/v1/models'));
   t.ok(llama.requests.some((r) => r.method === 'GET' && r.path === '/health'));
