@@ -20,7 +20,7 @@ import { applyConfiguredTenants } from './configured-tenants.js';
 import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
-import { KeySlots } from './key-slots.js';
+import { KeySlots, registerSlotRelease } from './key-slots.js';
 import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
@@ -259,6 +259,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   app.decorate('gateway', gateway);
 
   registerJsonBodyParser(app, config.limits.maxBodyBytes);
+  registerSlotRelease(app);
   registerErrorHandling(app);
   let closing = false;
   app.addHook('preClose', (done) => {

@@ -28,6 +28,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError } from './errors.js';
 import { closeInStages } from './staged-close.js';
 import { clientPrincipal } from './auth-hooks.js';
+import { takeSlotOnArrival } from './key-slots.js';
+import { endpointForPath } from './pipeline/endpoints.js';
 
 const DRAIN_FACTOR = 4;
 const MIN_DRAIN_BYTES = 1024 * 1024;
@@ -120,19 +122,27 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     if (declared > maxBodyBytes) refuseEarly(tooLarge(declared, true));
 
     // A client route's key is checked while its body arrives; once it has failed, the body is
-    // counted and not kept past UNAUTHENTICATED_BODY_BYTES.
+    // counted and not kept past UNAUTHENTICATED_BODY_BYTES. A model request takes one of its key's
+    // slots (`limits.maxInFlightPerKey`) once the key passes: one that finds none free is not kept
+    // past that size either (its 429 follows), so a key holds at most its slots' worth of bodies.
     let key: 'checking' | 'passed' | 'failed' = 'checking';
+    let noSlot = false;
     let unread = false;
     const dropUnauthenticated = () => {
-      if (key === 'failed' && !unread && total > UNAUTHENTICATED_BODY_BYTES) {
+      if ((key === 'failed' || noSlot) && !unread && total > UNAUTHENTICATED_BODY_BYTES) {
         unread = true;
         chunks.length = 0;
       }
     };
+    const takesSlot = endpointForPath(request.routeOptions.url) !== null;
     const keyChecked = request.routeOptions.url?.startsWith('/v1/')
       ? clientPrincipal(request).then(
-          () => {
+          (principal) => {
             key = 'passed';
+            if (takesSlot && !finished && !takeSlotOnArrival(request, principal)) {
+              noSlot = true;
+              dropUnauthenticated();
+            }
           },
           () => {
             key = 'failed';
@@ -169,7 +179,7 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
     payload.on('error', (err) => finish(err));
     const ended = () => {
       if (unread) {
-        // Its 401 follows (the route's key check: server/auth-hooks.ts).
+        // Its 401 follows (the route's key check: server/auth-hooks.ts), or its 429 (server/pipeline/run-request.ts).
         request.bodyUnread = true;
         return finish(null, undefined);
       }

@@ -5,8 +5,19 @@
 // else is served. A bound per key keeps one client's stalled or runaway work to its own share.
 // The count is this process's: replicas each hold their own (a key may have N in flight on each).
 
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError } from './errors.js';
 import type { Principal } from './auth.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /**
+     * The slot a model request took once its key passed, while its body still arrived — or the
+     * 429 it met then (the body is then not kept past a small size: server/body.ts).
+     */
+    keySlot?: { giveBack: () => void } | { refused: GatewayError };
+  }
+}
 
 export class KeySlots {
   private readonly held = new Map<string, number>();
@@ -44,6 +55,44 @@ export class KeySlots {
 }
 
 function noop(): void {}
+
+/**
+ * Takes a model request's slot as soon as its key has passed, while its body still arrives: a
+ * client sending bodies slowly holds its slots (and no more than that many bodies in memory) for
+ * as long as they take. Returns false when none was free (the body is then not kept).
+ */
+export function takeSlotOnArrival(request: FastifyRequest, principal: Principal): boolean {
+  try {
+    request.keySlot = { giveBack: request.server.gateway.keySlots.take(KeySlots.ownerOf(principal)) };
+    return true;
+  } catch (err) {
+    if (!(err instanceof GatewayError)) throw err;
+    request.keySlot = { refused: err };
+    return false;
+  }
+}
+
+/**
+ * The slot a parsed model request runs in: the one it took on arrival, or one taken now (a slot
+ * may have come free while its body arrived); throws the 429 when none is free.
+ */
+export function slotFor(request: FastifyRequest, principal: Principal): () => void {
+  const early = request.keySlot;
+  if (early && 'giveBack' in early) return early.giveBack;
+  const giveBack = request.server.gateway.keySlots.take(KeySlots.ownerOf(principal));
+  request.keySlot = { giveBack };
+  return giveBack;
+}
+
+/** A slot taken on arrival is given back however the request ends, even before its route runs (a 413, a 400, a client gone). */
+export function registerSlotRelease(app: FastifyInstance): void {
+  const release = async (request: FastifyRequest) => {
+    const slot = request.keySlot;
+    if (slot && 'giveBack' in slot) slot.giveBack();
+  };
+  app.addHook('onResponse', release);
+  app.addHook('onRequestAbort', release);
+}
 
 function tooManyInFlight(inFlight: number, limit: number, whose: string): GatewayError {
   const err = new GatewayError(

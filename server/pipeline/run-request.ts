@@ -25,7 +25,7 @@ import { noticeHeader } from '../../metering/runs/final-answer.js';
 import { evidenceExcerpt, excerptAsRefusal, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { formatUsdHeader } from '../../pricing/usd-format.js';
 import { clientPrincipal } from '../auth-hooks.js';
-import { KeySlots } from '../key-slots.js';
+import { slotFor } from '../key-slots.js';
 import type { Principal } from '../auth.js';
 
 function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
@@ -58,13 +58,19 @@ export async function handleProxy(gw: Gateway, kind: EndpointKind, request: Fast
   const t0 = performance.now();
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked. (A large
   // body whose key had already failed was not kept: its 401 is all there is to say.)
-  if (request.bodyUnread) await clientPrincipal(request);
+  if (request.bodyUnread) {
+    await clientPrincipal(request);
+    // Its key passed, but had no slot free as the body arrived, which was then not kept: the 429.
+    const slot = request.keySlot;
+    if (slot && 'refused' in slot) throw slot.refused;
+  }
   const valid = validateRequest(kind, request.body);
   request.routedModel = valid.model;
   const principal = await clientPrincipal(request);
   request.principal = principal;
-  // One of the key's slots for the whole request, planning included (429 when none is free).
-  const giveBack = gw.keySlots.take(KeySlots.ownerOf(principal));
+  // One of the key's slots for the whole request, planning included (429 when none is free): taken
+  // as its body arrived, or now.
+  const giveBack = slotFor(request, principal);
   try {
     await planAndRelay(gw, kind, request, reply, valid, principal, t0);
   } finally {

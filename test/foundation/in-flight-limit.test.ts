@@ -6,6 +6,7 @@
 // without timing: every wait here is on an event.
 
 import t, { type Test } from 'tap';
+import { connect, type Socket } from 'node:net';
 import OpenAI from 'openai';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream, metricValue, type TestGateway } from '../helpers/gateway.js';
@@ -23,10 +24,13 @@ async function rows(gw: TestGateway): Promise<LedgerRow[]> {
   return out;
 }
 
+/** The probe's first truthy answer; throws when none comes in 10 s (an event that never happens is a failure, not a hang). */
 async function until<T>(probe: () => T | null | undefined | false | Promise<T | null | undefined | false>): Promise<T> {
+  const deadline = Date.now() + 10_000;
   for (;;) {
     const v = await probe();
     if (v) return v;
+    if (Date.now() > deadline) throw new Error(`waited 10 s for ${probe.toString()}`);
     await new Promise((r) => setTimeout(r, 10));
   }
 }
@@ -153,6 +157,116 @@ t.test('a gateway without keys counts its tenant local as one key, and says so',
   t.equal(refused.status, 429);
   t.equal(((await refused.json()) as { error: { message: string } }).error.message, 'too many requests in flight for tenant "local" (a gateway without keys): 1 running, the limit is 1; send it again when one has finished');
   held.abort.abort();
+});
+
+/** A request whose headers and the first part of its body are sent; the rest is the caller's to send. */
+async function slowBody(gw: TestGateway, key: string, body: string, sentBytes: number, chunked = false): Promise<{ socket: Socket; rest: () => void; answer: Promise<string> }> {
+  const { port } = new URL(gw.url);
+  const socket = connect(Number(port), '127.0.0.1');
+  await new Promise<void>((resolve) => socket.once('connect', resolve));
+  let text = '';
+  socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+  socket.on('error', () => {});
+  const answer = new Promise<string>((resolve) => socket.once('close', () => resolve(text)));
+  socket.write(
+    `POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer ${key}\r\n` +
+      `${chunked ? 'transfer-encoding: chunked' : `content-length: ${Buffer.byteLength(body)}`}\r\nconnection: close\r\n\r\n`,
+  );
+  const frame = (part: string) => (chunked ? `${Buffer.byteLength(part).toString(16)}\r\n${part}\r\n` : part);
+  socket.write(frame(body.slice(0, sentBytes)));
+  return { socket, rest: () => socket.write(frame(body.slice(sentBytes)) + (chunked ? '0\r\n\r\n' : '')), answer };
+}
+
+async function slotsOf(gw: TestGateway, key: string): Promise<() => number> {
+  const principal = await gw.app.gateway.auth.authenticate(`Bearer ${key}`);
+  const owner = `key:${principal.keyId}`;
+  return () => gw.app.gateway.keySlots.inFlight(owner);
+}
+
+function chatBody(extra = ''): string {
+  return JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: `question ${Math.random()}${extra}` }], max_tokens: 20 });
+}
+
+t.test('a body still arriving holds its slot: slow uploads cannot keep more bodies in memory than the key has slots', async (t) => {
+  const { upstream, gw } = await gatewayWith(t, { maxInFlightPerKey: 2 });
+  const inFlight = await slotsOf(gw, 'tg-busy');
+  const body = chatBody();
+  const a = await slowBody(gw, 'tg-busy', body, 10);
+  const b = await slowBody(gw, 'tg-busy', body, 10);
+  await until(() => inFlight() === 2);
+  t.equal(upstream.requests.length, 0, 'neither has reached the model');
+
+  // The third gets its 429 at once, though the two are only sending their bodies.
+  const refused = await chat(gw, 'tg-busy', {});
+  t.equal(refused.status, 429);
+  t.match(((await refused.json()) as { error: { code: string } }).error.code, 'concurrency_limit_reached');
+  const other = await chat(gw, 'tg-other', {});
+  t.equal(other.status, 200, 'another key goes on');
+  await other.text();
+
+  // A large body that finds no slot is not kept, nor parsed: its 429, though it is no JSON.
+  const large = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: 'Bearer tg-busy' },
+    body: '{' + 'x'.repeat(1024 * 1024),
+  });
+  t.equal(large.status, 429, 'a 429, not a 400 for its JSON: it was not kept');
+  await large.text();
+
+  // A body that ends runs in the slot it took: answered, and the slot is free again.
+  a.rest();
+  t.match(await a.answer, /^HTTP\/1\.1 200 /);
+  await until(() => inFlight() === 1);
+  const next = await chat(gw, 'tg-busy', {});
+  t.equal(next.status, 200, 'a slot came free');
+  await next.text();
+  b.rest();
+  t.match(await b.answer, /^HTTP\/1\.1 200 /);
+  await until(() => inFlight() === 0);
+  t.equal(upstream.requests.length, 4, 'the two slow bodies, the other key, and the one after');
+});
+
+t.test('a slot taken while the body arrived is given back when the body ends badly: a 413, a 400, a client that leaves, the request timeout', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 10 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(
+    t,
+    { upstreams: [openaiUpstream(upstream.url, { billing: 'local' })], auth: { keys: KEYS }, limits: { maxInFlightPerKey: 1, maxBodyBytes: 4096 } },
+    { requestTimeoutMs: 1500 },
+  );
+  const inFlight = await slotsOf(gw, 'tg-busy');
+  const afterwards = async (what: string) => {
+    await until(() => inFlight() === 0);
+    const res = await chat(gw, 'tg-busy', {});
+    t.equal(res.status, 200, `the key has its slot again after ${what}`);
+    await res.text();
+  };
+
+  // Over the size limit (a chunked body, so the 413 comes once the bytes arrived).
+  const over = await slowBody(gw, 'tg-busy', chatBody('x'.repeat(5000)), 10, true);
+  await until(() => inFlight() === 1);
+  over.rest();
+  t.match(await over.answer, /^HTTP\/1\.1 413 /);
+  await afterwards('a 413');
+
+  // Malformed JSON.
+  const bad = await slowBody(gw, 'tg-busy', '{"model": "gpt-4o", "messages": [' + ' '.repeat(100), 10);
+  await until(() => inFlight() === 1);
+  bad.rest();
+  t.match(await bad.answer, /^HTTP\/1\.1 400 /);
+  await afterwards('a 400');
+
+  // The client leaves part way.
+  const gone = await slowBody(gw, 'tg-busy', chatBody(), 10);
+  await until(() => inFlight() === 1);
+  gone.socket.destroy();
+  await afterwards('a client that left');
+
+  // The body never ends: the request timeout.
+  const stuck = await slowBody(gw, 'tg-busy', chatBody(), 10);
+  await until(() => inFlight() === 1);
+  t.match(await stuck.answer, /^(HTTP\/1\.1 408 |$)/);
+  await afterwards('the request timeout');
 });
 
 t.test('off by default: a key may have any number in flight', async (t) => {
