@@ -86,12 +86,19 @@ export function slotFor(request: FastifyRequest, principal: Principal): () => vo
 
 /** A slot taken on arrival is given back however the request ends, even before its route runs (a 413, a 400, a client gone). */
 export function registerSlotRelease(app: FastifyInstance): void {
-  const release = async (request: FastifyRequest) => {
-    const slot = request.keySlot;
-    if (slot && 'giveBack' in slot) slot.giveBack();
-  };
-  app.addHook('onResponse', release);
-  app.addHook('onRequestAbort', release);
+  app.addHook('onResponse', (request, _reply, done) => {
+    giveBackHeld(request);
+    done();
+  });
+  app.addHook('onRequestAbort', (request, done) => {
+    giveBackHeld(request);
+    done();
+  });
+}
+
+function giveBackHeld(request: FastifyRequest): void {
+  const slot = request.keySlot;
+  if (slot && 'giveBack' in slot) slot.giveBack();
 }
 
 function tooManyInFlight(inFlight: number, limit: number, whose: string): GatewayError {
