@@ -81,7 +81,8 @@ function figuresText(...usd: number[]): string[] {
   for (let decimals = 3; decimals <= 8; decimals++) {
     if (usd.every((a) => usd.every((b) => differ(a, b, format)))) break;
     const d = decimals;
-    format = (x) => `$${x.toFixed(d)}`;
+    // A figure that is not zero is never shown as one: it keeps its own significant digits.
+    format = (x) => (x !== 0 && Number(x.toFixed(d)) === 0 ? formatUsdText(x) : `$${x.toFixed(d)}`);
   }
   return usd.map(format);
 }

@@ -89,6 +89,12 @@ t.test('figures that two decimals would make read alike get more decimals, in th
     moneyRefusal({ scope: 'monthly', spentUsd: 9.996, limitUsd: 10, neededUsd: 0.02, cheaperModels: [] }).message,
     'monthly budget reached: spent $9.996 of $10.000 this month, this request needs up to $0.020',
   );
+  // An outside audit: the decimals that tell $0.012 from $0.010 made a need of $0.00012 read $0.000.
+  t.equal(
+    moneyRefusal({ scope: 'monthly', spentUsd: 0.012, limitUsd: 0.01, neededUsd: 0.00012, cheaperModels: [] }).message,
+    'monthly budget reached: spent $0.012 of $0.010 this month, this request needs up to $0.00012',
+    'a need that is not zero is never said as $0.000',
+  );
 });
 
 t.test('a limit partly held by requests still running says so apart from what was spent', async (t) => {
