@@ -44,6 +44,14 @@ interface ChoiceMeter {
   echo: string;
 }
 
+/** How many of `text`'s first characters repeat `echo`: where a completion's echoed prompt ends in it. */
+export function echoedLength(text: string, echo: string): number {
+  let k = 0;
+  const most = Math.min(text.length, echo.length);
+  while (k < most && text.charCodeAt(k) === echo.charCodeAt(k)) k++;
+  return k;
+}
+
 export class OutputMeter {
   private readonly choices = new Map<number, ChoiceMeter>();
   /**
@@ -77,11 +85,9 @@ export class OutputMeter {
 
   /** The start of `text` that is the choice's echoed prompt (consumed), and the rest. */
   private takeEcho(c: ChoiceMeter, text: string): [string, string] {
-    let k = 0;
-    const most = Math.min(text.length, c.echo.length);
-    while (k < most && text.charCodeAt(k) === c.echo.charCodeAt(k)) k++;
+    const k = echoedLength(text, c.echo);
     // Text that parts from the prompt is the model's own: the echo is over.
-    c.echo = k === most ? c.echo.slice(k) : '';
+    c.echo = k === Math.min(text.length, c.echo.length) ? c.echo.slice(k) : '';
     return [text.slice(0, k), text.slice(k)];
   }
 

@@ -8,7 +8,7 @@ import { quotingUpstream } from '../errors.js';
 import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
-import { writtenText } from './output-meter.js';
+import { echoedLength, writtenText } from './output-meter.js';
 import { holdsKey, redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
@@ -54,7 +54,11 @@ function choiceText(choice: Json): string {
   return isObject(choice.message) ? text + writtenText(choice.message) : text;
 }
 
-export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): Promise<JsonOutcome> {
+/**
+ * @param echoOf completions with `echo`: the prompt each choice (by index) starts with, which the
+ *   model read and did not write — left out of `texts`, as a stream's meter leaves it out.
+ */
+export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, echoOf?: (index: number) => string): Promise<JsonOutcome> {
   const text = await readText(upstream.body, plan.upstream.name);
   let parsed: unknown;
   try {
@@ -80,7 +84,11 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData): 
   const clean = holdsKey(text, key) || (key && text.includes('\\')) ? redactDeep(parsed, key) : parsed;
   // Metered on what the model wrote, as the upstream sent it.
   const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
-  const texts = choices.map(choiceText);
+  const texts = choices.map((choice, at) => {
+    const written = choiceText(choice);
+    const echo = echoOf?.(typeof choice.index === 'number' ? choice.index : at) ?? '';
+    return echo === '' ? written : written.slice(echoedLength(written, echo));
+  });
   let body = clean;
   let raw: string | null = clean === parsed ? text : null;
   let toolsProposed = false;

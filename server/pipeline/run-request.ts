@@ -335,7 +335,7 @@ async function relayAdmitted(
   if (!plan.valid.stream || answeredWhole) {
     let json: Awaited<ReturnType<typeof relayJson>>;
     try {
-      json = await relayJson(plan, res);
+      json = await relayJson(plan, res, echoOf(plan, counter));
     } catch (err) {
       if (abort.signal.aborted) throw err;
       if (err instanceof GatewayError && err.code === 'upstream_bad_response') return badResponse(err);
@@ -518,7 +518,7 @@ async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<stri
 }
 
 /**
- * What each streamed choice of a completions request with `echo` starts with: its prompt (choices
+ * What each choice of a completions request with `echo` starts with: its prompt (choices
  * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed — and for a
  * llama.cpp server, which does not echo: there, text that happens to repeat the prompt is the
  * model's own, and is metered.

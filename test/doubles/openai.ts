@@ -55,6 +55,8 @@ export interface OpenAiDoubleOptions {
   delayMs?: number;
   /** `usage.cost` to report (OpenRouter style). */
   providerCost?: number;
+  /** Answer without `usage` (JSON answers), as some OpenAI-compatible servers do. */
+  omitUsage?: boolean;
   /** prompt_tokens to report; default: a rough count of the request (4 bytes a token). */
   promptTokens?: (body: Json) => number;
   cachedTokens?: number;
@@ -141,7 +143,7 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
             }
           : { index, text: (body.echo === true ? echoed(body.prompt) : '') + text, finish_reason: finish },
       );
-      return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, usage });
+      return json(200, { id, object: isChat ? 'chat.completion' : 'text_completion', created, model, choices, ...(o.omitUsage ? {} : { usage }) });
     }
 
     res.writeHead(200, { 'content-type': 'text/event-stream', ...o.responseHeaders });

@@ -397,6 +397,28 @@ t.test('a streamed completion with echo: the echoed prompt reaches the client un
   t.ok(reserved > 5);
 });
 
+// An outside audit: the stream's meter left the echo out, the JSON answer's count did not — an
+// upstream that sent no usage had its echoed prompt charged as output (17 for 3 written).
+t.test('a completion with echo answered whole and without usage: the echoed prompt is not counted as output', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3, omitUsage: true });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const prompt = 'Hello world, this is my prompt';
+  const res = await fetch(`${gw.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-3.5-turbo-instruct', prompt, max_tokens: 10, echo: true, n: 2 }),
+  });
+  t.equal(res.status, 200);
+  const body = (await res.json()) as { choices: Array<{ index: number; text: string }> };
+  t.same(body.choices.map((c) => c.text), [prompt + ' hi hi hi', prompt + ' hi hi hi'], 'the echoes reach the client');
+  const row = (await ledgerRows(gw)).at(-1)!;
+  t.equal(row.generated_tokens, 2 * 3, 'two choices of three tokens each, the echoes left out');
+  t.equal(row.output_method, 'tiktoken:cl100k_base');
+  t.equal(Number(res.headers.get('x-tollgate-charge-tokens')), row.prompt_charge + 6);
+  t.equal(Number(res.headers.get('x-tollgate-refund-tokens')), 2 * 10 - 6);
+});
+
 // Review: a request whose planning took seconds (its count, the ledger) read a head written
 // meanwhile by a request of its conversation planned after it; measured from the plan's start,
 // that head lay ahead by more than clocks differ, and the request was charged in full and sent to
