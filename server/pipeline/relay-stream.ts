@@ -144,6 +144,9 @@ export async function relayStream(
   };
 
   /** The stream's id, model and created have been taken from a chunk that carries a real id. */
+  // The client asked for usage figures in every chunk (vLLM's `stream_options.continuous_usage_stats`).
+  const streamOptions = plan.valid.body.stream_options;
+  const continuousUsage = isObject(streamOptions) && streamOptions.continuous_usage_stats === true;
   let metaTaken = false;
   /** A chunk with choices was parsed: its metadata is the stream's, real id or not. */
   let metaParsed = false;
@@ -244,9 +247,13 @@ export async function relayStream(
 
     const kept: Json[] = [];
     // `"usage": null` is there because the gateway asked for usage: a chunk that has it is passed on
-    // as it came only to a client that asked too. So are the figures a server writes in every chunk
-    // for a client that asked for them (vLLM's `continuous_usage_stats`).
-    let untouched = oneLine && !filter && !redacted && (usage === undefined || ((usage === null || isObject(usage)) && plan.valid.includeUsage)) && timings === undefined;
+    // as it came only to a client that asked too. Figures beside choices go on only to a client
+    // that asked for them in every chunk (vLLM's `continuous_usage_stats`): else they are the
+    // answer's usage, which the gateway sends once, in its own usage chunk at the end (llama.cpp
+    // writes its usage and timings into a completion's finishing chunk; passed on, the client had
+    // the usage twice).
+    const everyChunk = continuousUsage && plan.valid.includeUsage;
+    let untouched = oneLine && !filter && !redacted && (usage === undefined || (usage === null && plan.valid.includeUsage) || (isObject(usage) && everyChunk)) && timings === undefined;
     let visible = false;
     const sentChoices = redacted && isObject(sent) && Array.isArray(sent.choices) ? sent.choices : choices;
     for (const [at, raw] of choices.entries()) {
@@ -293,8 +300,8 @@ export async function relayStream(
     } else if (kept.length > 0) {
       const { usage: _u, timings: _t, choices: _c, ...meta } = chunk;
       let next: Json | null = { ...meta, choices: kept };
-      if (isObject(usage) && plan.valid.includeUsage) next.usage = usage;
-      if (timings !== undefined && plan.valid.includeUsage) next.timings = timings;
+      if (isObject(usage) && plan.valid.includeUsage) next.usage = everyChunk ? usage : null;
+      if (timings !== undefined && everyChunk) next.timings = timings;
       if (filter) next = filter.push(next);
       if (next) {
         const nextChoices = Array.isArray(next.choices) ? next.choices : [];

@@ -18,7 +18,7 @@ import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamErrorIsFi
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
-import { settle as settleOutcome, pricierFor, providerOutputTrusted, type Outcome, type Settled } from './settle.js';
+import { settle as settleOutcome, pricierFor, providerOutputTrusted, usageUnderReported, type Outcome, type Settled } from './settle.js';
 import { sseData } from './sse.js';
 import { completionChunks } from './completion-as-stream.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
@@ -420,8 +420,10 @@ async function relayAdmitted(
     // After an error event there is no usage chunk: the stream ended in error (a final answer's
     // stream ends as an answer instead, usage and all).
     if (plan.valid.includeUsage && (!upstreamFailed || plan.mode === 'final-answer')) {
+      // The upstream's figures, but where they are known short (llama.cpp counts one row and one
+      // choice) or were cut off, the gateway's own.
       const usage =
-        streamed.usage && !streamed.cut
+        streamed.usage && !streamed.cut && !usageUnderReported(plan)
           ? streamed.usage
           : { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
       // llama.cpp's `timings` ride on its usage chunk, as the server sends them (fixtures/llamacpp).

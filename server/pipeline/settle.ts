@@ -56,7 +56,7 @@ function figures(usage: Json | null, timings: Json | null): UpstreamFigures {
 function trustedCompletionTokens(plan: Plan, usage: Json | null): number | null {
   const completion = tokenFigure(usage?.completion_tokens);
   if (completion === null) return null;
-  if (plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1)) return null;
+  if (usageUnderReported(plan)) return null;
   // Reasoning tokens are output tokens (SPEC §7). OpenAI counts them inside `completion_tokens`;
   // a provider that counts them beside it (xAI) shows it in its total: prompt + completion +
   // reasoning. Then they are added.
@@ -64,6 +64,11 @@ function trustedCompletionTokens(plan: Plan, usage: Json | null): number | null 
   const prompt = tokenFigure(usage?.prompt_tokens);
   if (reasoning !== null && reasoning > 0 && prompt !== null && tokenFigure(usage?.total_tokens) === prompt + completion + reasoning) return completion + reasoning;
   return completion;
+}
+
+/** A llama.cpp server's usage for a prompt array or n > 1: row 0's and choice 0's alone. */
+export function usageUnderReported(plan: Plan): boolean {
+  return plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1);
 }
 
 /** Whether settlement will take the provider's completion count (so the gateway need not count). */

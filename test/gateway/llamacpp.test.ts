@@ -116,6 +116,29 @@ t.test('a prompt array of 3 rows is 3 rows, whatever llama.cpp usage says', asyn
   t.equal(rows[0].generated_tokens, 12, 'the gateway counted every row’s output itself');
 });
 
+// An outside audit: llama.cpp writes a completion's usage and timings into its finishing chunk;
+// passed on, the client had the usage twice (there and in the gateway's usage chunk), and for a
+// prompt array the figures of row 0 alone.
+t.test('a streamed llama.cpp completion gives its usage once, in the last chunk, with the figures of every row', async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 4 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  for (const prompt of ['The quick brown fox', ['The quick brown fox', 'jumps over the lazy dog and']]) {
+    const body = { model: 'tiny', prompt, max_tokens: 4, stream: true, stream_options: { include_usage: true } };
+    const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/completions', request: body }) })).json()) as Json;
+    const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    t.equal(res.status, 200);
+    const events = (await res.text()).split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)) as Json);
+    const withUsage = events.filter((e) => e.usage !== null && e.usage !== undefined);
+    t.equal(withUsage.length, 1, `one chunk with usage (${JSON.stringify(prompt).length} bytes of prompt)`);
+    t.same(withUsage[0]!.choices, [], 'the last, with no choices, as OpenAI sends it');
+    t.ok(events.slice(0, -1).every((e) => e.usage === null || e.usage === undefined), 'no other chunk has figures');
+    t.notOk(events.slice(0, -1).some((e) => 'timings' in e), 'the timings ride on the usage chunk alone');
+    const rows = Array.isArray(prompt) ? prompt.length : 1;
+    t.match(withUsage[0]!.usage, { prompt_tokens: plan.sum_tokens, completion_tokens: 4 * rows, total_tokens: (plan.sum_tokens as number) + 4 * rows }, 'the figures of every row');
+  }
+});
+
 t.test('llama.cpp context overflow passes through, normalised, and refunds everything', async (t) => {
   const llama = await startLlamaCppDouble({ nCtx: 64 });
   t.teardown(llama.close);
