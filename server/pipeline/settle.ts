@@ -200,7 +200,11 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   if (o.refundAll && !plan.excerptOnly) m.promptTokens.inc({ kind: 'refunded' }, plan.promptCharge);
   if (cost.costUsd) m.costUsd.inc(cost.costUsd);
   if (cost.savedUsd) m.savedUsd.inc(cost.savedUsd);
-  const evaluated = f.promptN ?? (f.promptTokens !== null && f.cachedTokens !== null ? f.promptTokens - f.cachedTokens : null);
+  // What the upstream says it evaluated: llama.cpp's prompt_n, or its prompt less what it read from
+  // its cache. An embeddings request is never served from a prompt cache, so there the prompt is
+  // all of it, cached figure or not (OpenAI reports none for embeddings).
+  const cached = f.cachedTokens ?? (plan.valid.kind === 'embeddings' ? 0 : null);
+  const evaluated = f.promptN ?? (f.promptTokens !== null && cached !== null ? f.promptTokens - cached : null);
   // llama.cpp's timings of a prompt array are row 0's alone (fixtures/llamacpp: v1-completions-prompt-array).
   const wholePromptTimed = !(plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1);
   if (evaluated !== null && !o.refundAll && wholePromptTimed) m.divergence.observe({ upstream: plan.upstream.name }, plan.promptCharge - evaluated);

@@ -126,7 +126,9 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
 
     if (path.endsWith('/embeddings')) {
       const inputs = Array.isArray(body.input) ? body.input : [body.input];
-      return json(200, { object: 'list', model, data: inputs.map((_, i) => ({ object: 'embedding', index: i, embedding: [0.1, 0.2, 0.3] })), usage });
+      // OpenAI's embeddings usage has the prompt alone: no completion, no cached figure.
+      const embeddingsUsage = { prompt_tokens: promptTokens, total_tokens: promptTokens };
+      return json(200, { object: 'list', model, data: inputs.map((_, i) => ({ object: 'embedding', index: i, embedding: [0.1, 0.2, 0.3] })), ...(o.omitUsage ? {} : { usage: embeddingsUsage }) });
     }
     const isChat = path.endsWith('/chat/completions');
     const calls = isChat && o.toolCalls ? o.toolCalls(body) : null;

@@ -172,6 +172,18 @@ t.test('llama.cpp timings of a prompt array (row 0 only) are no measure of the c
   t.equal(await metric(gw.registry, 'tollgate_charge_divergence_tokens_count'), 1, 'two rows: not observed');
 });
 
+// An outside audit: OpenAI reports no cached figure for embeddings, and the divergence was
+// observed only beside one — so an embeddings count 48 tokens off went unseen.
+t.test('an embeddings request is observed in the divergence: its whole prompt is what the upstream evaluated', async (t) => {
+  const openai = await startOpenAiDouble({ promptTokens: () => 50 });
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url, { models: ['text-embedding-*', 'gpt-*'] })] });
+  const res = await post(gw.url, '/v1/embeddings', { model: 'text-embedding-3-small', input: 'hi there' });
+  t.equal(res.status, 200);
+  t.equal(await metric(gw.registry, 'tollgate_charge_divergence_tokens_count'), 1, 'observed');
+  t.equal(await metric(gw.registry, 'tollgate_charge_divergence_tokens_sum'), 2 - 50, 'the charge (2 tokens) less the 50 the upstream says it read');
+});
+
 t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the log (unless prompts are logged)", async (t) => {
   const llama = await startLlamaCppDouble({ completionTokens: 3 });
   t.teardown(llama.close);
