@@ -33,6 +33,8 @@ export interface CheaperModelsInput {
   scope: LimitScope;
   /** The limit that refused (the cap, or the monthly budget), USD. */
   limitUsd: number;
+  /** The refused request is for embeddings: only embedding models are offered (else none are). */
+  embeddings?: boolean;
 }
 
 /** A metered model is offered only at a third of the current model's blended price or less. */
@@ -40,6 +42,15 @@ export const METERED_PRICE_RATIO = 1 / 3;
 export const MIN_ALLOWANCE_USD = 0.5;
 
 const GROUP: Record<Billing, number> = { local: 0, plan: 1, metered: 2 };
+
+/**
+ * An embedding model, by its name (`text-embedding-3-small`, `nomic-embed-text`): nothing here
+ * says what a configured model serves, and an embedding model offered for a chat request (or a chat
+ * model for an embeddings request) is no choice — the cheapest names of all are embedding models.
+ */
+export function isEmbeddingModel(model: string): boolean {
+  return /embed/i.test(model);
+}
 
 /** Exact model names only: a pattern like `gpt-*` is not a model a client can pick. */
 export function isPattern(model: string): boolean {
@@ -85,8 +96,9 @@ export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
   // (a child cannot be given room its parent's cap does not have).
   const meteredCeiling = scope === 'conversation' && price ? blendedMtok(price) * METERED_PRICE_RATIO : null;
 
+  const embeddings = input.embeddings === true;
   const eligible = candidates.filter((c) => {
-    if (c.model === model || isPattern(c.model)) return false;
+    if (c.model === model || isPattern(c.model) || isEmbeddingModel(c.model) !== embeddings) return false;
     if (c.billing !== 'metered') return true;
     return meteredCeiling !== null && c.price !== null && blendedMtok(c.price) <= meteredCeiling + 1e-12;
   });

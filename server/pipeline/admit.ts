@@ -106,6 +106,7 @@ export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusa
       offersTools: plan.valid.tools !== null,
       scope: r.scope,
       limitUsd: r.limitUsd,
+      embeddings: plan.valid.kind === 'embeddings',
     }),
   });
   return new GatewayError(refusal.code, refusal.message, refusal.details, refusal.param);

@@ -78,3 +78,18 @@ t.test('candidates from upstreams: exact names, first upstream wins, router has 
   const routed = candidatesFromUpstreams(upstreams, priceOf, (m) => (m === 'llama' ? 'home' : 'somewhere-else'));
   t.same(routed.map((c) => c.model), ['llama']);
 });
+
+// An outside audit: an embeddings request past its cap was offered chat models, and a chat request
+// may be offered an embedding model (the cheapest names configured): neither can serve the other.
+t.test('an embeddings request is offered embedding models alone; a chat request none', async (t) => {
+  const cands: ModelCandidate[] = [
+    { model: 'text-embedding-3-small', upstream: 'openai', billing: 'metered', tools: false, price: p(0.02, 0) },
+    { model: 'nomic-embed-text', upstream: 'home', billing: 'local', tools: false, price: null },
+    { model: 'llama', upstream: 'home', billing: 'local', tools: true, price: null },
+    { model: 'small', upstream: 'openai', billing: 'metered', tools: true, price: p(0.1, 0.1) },
+  ];
+  const chat = cheaperModels({ model: 'big', price: p(5, 15), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2 });
+  t.same(chat.map((c) => c.model), ['llama', 'small']);
+  const embeddings = cheaperModels({ model: 'text-embedding-3-large', price: p(0.13, 0), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2, embeddings: true });
+  t.same(embeddings.map((c) => c.model), ['nomic-embed-text', 'text-embedding-3-small']);
+});
