@@ -143,10 +143,10 @@ export async function relayStream(
     return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
   };
 
-  /** The stream's id, model and created have been taken from a chunk that carries a real id. */
   // The client asked for usage figures in every chunk (vLLM's `stream_options.continuous_usage_stats`).
   const streamOptions = plan.valid.body.stream_options;
   const continuousUsage = isObject(streamOptions) && streamOptions.continuous_usage_stats === true;
+  /** The stream's id, model and created have been taken from a chunk that carries a real id. */
   let metaTaken = false;
   /** A chunk with choices was parsed: its metadata is the stream's, real id or not. */
   let metaParsed = false;
