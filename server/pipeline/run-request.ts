@@ -420,12 +420,7 @@ async function relayAdmitted(
     // After an error event there is no usage chunk: the stream ended in error (a final answer's
     // stream ends as an answer instead, usage and all).
     if (plan.valid.includeUsage && (!upstreamFailed || plan.mode === 'final-answer')) {
-      // The upstream's figures, but where they are known short (llama.cpp counts one row and one
-      // choice) or were cut off, the gateway's own.
-      const usage =
-        streamed.usage && !streamed.cut && !usageUnderReported(plan)
-          ? streamed.usage
-          : { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+      const usage = usageChunkFigures(plan, streamed.cut ? null : streamed.usage, settled);
       // llama.cpp's `timings` ride on its usage chunk, as the server sends them (fixtures/llamacpp).
       raw.write(sseData({ ...meta, choices: [], usage, ...(streamed.timings ? { timings: streamed.timings } : {}) }));
     }
@@ -456,6 +451,16 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
 }
 
+/**
+ * The figures of the usage chunk the gateway writes at a stream's end: the upstream's, but the
+ * gateway's own where there are none (a stream cut short, a server that sent none) or they are
+ * known short (llama.cpp counts one row and one choice).
+ */
+function usageChunkFigures(plan: Plan, upstream: Record<string, unknown> | null, settled: Settled): Record<string, unknown> {
+  if (upstream && !usageUnderReported(plan)) return upstream;
+  return { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+}
+
 /** A stream's closing comment (SPEC §11): the settled figures, the notices, and whether the excerpt answered. */
 function closingComment(settled: Settled, fallback: boolean): string {
   const trailer: Record<string, unknown> = { charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd };
@@ -472,7 +477,7 @@ function sendAsStream(plan: Plan, reply: FastifyReply, json: Awaited<ReturnType<
   const chunks = completionChunks(json.body, plan.valid.kind === 'chat');
   let body = chunks.map((c) => sseData(c)).join('');
   if (plan.valid.includeUsage) {
-    const usage = json.usage ?? { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+    const usage = usageChunkFigures(plan, json.usage, settled);
     const { choices: _c, ...meta } = chunks[0] ?? {};
     body += sseData({ ...meta, choices: [], usage });
   }
