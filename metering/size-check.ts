@@ -50,6 +50,7 @@ type PlanFigures = Pick<
 >;
 
 const BOUND_SUFFIX = ':upper-bound';
+const PARTIAL_SUFFIX = ':partial';
 const BOUND_WHY = 'an upper bound: text without spaces too long to count exactly';
 const LEAST_WHY = 'a lower bound: images counted at the least they can cost';
 const BOTH_WHY = 'text without spaces too long to count exactly counted as an upper bound, images at the least they can cost';
@@ -66,11 +67,15 @@ interface SizeFigure {
  * exact, an upper bound (text), a lower bound (images), or both at once.
  */
 function sizeFigure(plan: PlanFigures, tokens: number, slack: number, textBound: boolean): SizeFigure {
-  const base = plan.countMethod.endsWith(BOUND_SUFFIX) ? plan.countMethod.slice(0, -BOUND_SUFFIX.length) : plan.countMethod;
+  // A count that leaves out files or audio (`:partial`, server/pipeline/endpoints.ts) is at least
+  // what it says: a refusal on it stands, and its exact figure keeps the label.
+  const partial = plan.countMethod.endsWith(PARTIAL_SUFFIX);
+  const base = plan.countMethod.replace(/:(upper-bound|partial)$/, '');
   if (slack > 0 && !textBound) return { tokens: tokens - slack, kind: 'lower', method: `${base}:lower-bound` as CountMethod };
   if (slack > 0) return { tokens: tokens - slack, kind: 'mixed', method: plan.countMethod };
   // The request's label is an upper bound's when any row is one; an exact row keeps the exact label.
-  return textBound ? { tokens, kind: 'upper', method: `${base}${BOUND_SUFFIX}` as CountMethod } : { tokens, kind: 'exact', method: base as CountMethod };
+  if (textBound) return { tokens, kind: 'upper', method: `${base}${BOUND_SUFFIX}` as CountMethod };
+  return { tokens, kind: 'exact', method: (partial ? `${base}${PARTIAL_SUFFIX}` : base) as CountMethod };
 }
 
 /** Row `i` as its size is checked. */
@@ -187,7 +192,7 @@ export function messageFloorRefusal(
   const { maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
   // The reply's priming (3 tokens) is in every count too.
   const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE + toolParameters * TOKENS_PER_MESSAGE;
-  const label = `${method.replace(/:upper-bound$/, '')}:lower-bound` as CountMethod;
+  const label = `${method.replace(/:(upper-bound|partial)$/, '')}:lower-bound` as CountMethod;
   const params = toolParameters > 0 ? ` and ${toolParameters} tool parameters and enum values (less one an enum)` : '';
   const why = `a lower bound: ${messages} messages${params} at ${TOKENS_PER_MESSAGE} tokens each, before what they say`;
   if (floor > maxRowTokens) {

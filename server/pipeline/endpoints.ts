@@ -38,6 +38,31 @@ export interface ValidRequest {
   tools: ToolDefinition[] | null;
   /** Rows (SPEC §1): a chat request's 1, a completions `prompt`'s or an embeddings `input`'s elements. */
   rows: number;
+  /**
+   * The kinds of content in the messages besides text (`image_url`, `file`, `input_audio`, …, and
+   * `audio` for an earlier answer's audio sent back): what a count may not cover (planCountMethod).
+   */
+  partKinds?: ReadonlySet<string>;
+}
+
+/** Part kinds the tokenizer counts: text, an earlier refusal, images (ADR 0022). */
+const TIKTOKEN_COUNTS = new Set(['text', 'refusal', 'image_url', 'input_image']);
+
+/**
+ * The count's label (SPEC §2), with `:partial` when the messages hold content the count leaves
+ * out — files and audio for tiktoken (OpenAI bills them as prompt tokens, by rules the gateway
+ * cannot apply to their bytes), anything but text for a llama.cpp server's template — so that a
+ * count that is not the whole prompt is never labelled as if it were.
+ */
+export function planCountMethod<M extends string>(method: M, valid: Pick<ValidRequest, 'partKinds'>): M {
+  const kinds = valid.partKinds;
+  if (kinds === undefined || kinds.size === 0) return method;
+  const tiktoken = method.startsWith('tiktoken:');
+  if (!tiktoken && method !== 'llamacpp') return method;
+  for (const kind of kinds) {
+    if (tiktoken ? !TIKTOKEN_COUNTS.has(kind) : kind !== 'text' && kind !== 'refusal') return `${method.replace(/:upper-bound$/, '')}:partial` as M;
+  }
+  return method;
 }
 
 function invalid(param: string, message: string): never {
@@ -153,7 +178,7 @@ function overFullAt(v: unknown): string | null {
   return null;
 }
 
-function checkMessages(v: unknown): ChatMessage[] {
+function checkMessages(v: unknown, partKinds: Set<string>): ChatMessage[] {
   if (!Array.isArray(v)) invalid('messages', 'must be an array of messages');
   if (v.length === 0) invalid('messages', 'must contain at least one message');
   v.forEach((m, i) => {
@@ -170,8 +195,11 @@ function checkMessages(v: unknown): ChatMessage[] {
         if (!isObject(part) || typeof part.type !== 'string') invalid(`messages[${i}].content[${j}]`, 'must be a content part with a type');
         // A text part is counted: its text must be text.
         if (part.type === 'text' && typeof part.text !== 'string') invalid(`messages[${i}].content[${j}].text`, 'must be a string');
+        if (part.type !== 'text') partKinds.add(part.type);
       });
     }
+    // An earlier audio answer sent back by reference (`audio: {id}`): the model hears it again.
+    if (isObject(m.audio)) partKinds.add('audio');
     if (m.tool_calls !== undefined && m.tool_calls !== null) {
       if (!Array.isArray(m.tool_calls)) invalid(`messages[${i}].tool_calls`, 'must be an array');
       checkToolCalls(m.tool_calls, `messages[${i}].tool_calls`);
@@ -285,8 +313,10 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
     maxTokensField: kind === 'embeddings' ? null : mct !== null ? ('max_completion_tokens' as const) : mt !== null ? ('max_tokens' as const) : null,
   };
   switch (kind) {
-    case 'chat':
-      return { ...base, messages: checkMessages(body.messages), tools: offered(checkTools(body.tools), checkFunctions(body.functions)), rows: 1 };
+    case 'chat': {
+      const partKinds = new Set<string>();
+      return { ...base, messages: checkMessages(body.messages, partKinds), tools: offered(checkTools(body.tools), checkFunctions(body.functions)), rows: 1, partKinds };
+    }
     case 'completions':
       if (body.prompt === undefined) invalid('prompt', 'is required');
       return { ...base, messages: null, tools: null, rows: checkRows(body.prompt, 'prompt', true) };

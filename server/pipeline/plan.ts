@@ -7,7 +7,7 @@ import { GatewayError, stoppedByShutdown } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
-import type { ValidRequest } from './endpoints.js';
+import { planCountMethod, type ValidRequest } from './endpoints.js';
 import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, type TokenCounter } from '../../metering/types.js';
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
@@ -389,7 +389,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     planRows({
       kind: valid.kind,
       rowTokens: c.rowTokens,
-      countMethod: c.countMethod,
+      countMethod: planCountMethod(c.countMethod, valid),
       upperBound: c.upperBound,
       rowUpperBound: c.rowUpperBound,
       rowImageSlack: c.rowImageSlack,
@@ -528,7 +528,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       rows = planRows({
         kind: valid.kind,
         rowTokens: counted.rowTokens,
-        countMethod: counted.countMethod,
+        countMethod: planCountMethod(counted.countMethod, valid),
         upperBound: counted.upperBound,
         rowUpperBound: counted.rowUpperBound,
         rowImageSlack: counted.rowImageSlack,
