@@ -5,6 +5,8 @@
  * or images counted at the most they can cost (ADR 0022) — is labelled
  * `tiktoken:<encoding>:upper-bound`; a byte estimate is always `estimate:bytes`. A size refusal
  * resting on images at the least they can cost labels its figure `tiktoken:<encoding>:lower-bound`.
+ * A chat count that leaves out files or audio (for llama.cpp, anything but text) is labelled
+ * `<method>:partial` (ADR 0022).
  */
 export type CountMethod =
   | `tiktoken:${string}`
