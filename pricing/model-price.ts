@@ -32,6 +32,12 @@ export interface ModelPrice {
   reference?: string | null;
   /** Long-context tiers per rate; absent or empty when the price is flat. */
   tiers?: { input?: PriceTier[]; cacheRead?: PriceTier[]; output?: PriceTier[] };
+  /**
+   * Audio tokens' own rates (`input_audio_mtok`, `output_audio_mtok`), where the price has them;
+   * absent, audio tokens are billed at the text rates (the table knows no other).
+   */
+  inputAudioMtok?: number | null;
+  outputAudioMtok?: number | null;
 }
 
 /** The three per-Mtok rates that apply to a request with `inputTokens` of prompt. */

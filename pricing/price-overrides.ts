@@ -1,5 +1,6 @@
 // The operator's price override file (SPEC §11):
 //   {"models": {"<model>": {"input_mtok", "cache_read_mtok", "output_mtok", "source", "date"}}}
+// (and, for audio models, "input_audio_mtok" and "output_audio_mtok": audio tokens' own rates)
 // USD per million tokens, genai-prices' field names. Read once at start; every bad field is named
 // in the error the way the config's are (`prices.models["x"].input_mtok: must be …`), so the
 // operator knows exactly what to fix.
@@ -11,7 +12,7 @@ export class PriceOverridesError extends Error {
   override name = 'PriceOverridesError';
 }
 
-const ENTRY_FIELDS = ['input_mtok', 'cache_read_mtok', 'output_mtok', 'source', 'date'];
+const ENTRY_FIELDS = ['input_mtok', 'cache_read_mtok', 'output_mtok', 'input_audio_mtok', 'output_audio_mtok', 'source', 'date'];
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
 
 function isObj(v: unknown): v is Record<string, unknown> {
@@ -49,8 +50,8 @@ export function parsePriceOverrides(raw: unknown, file: string): Map<string, Mod
     for (const k of ['input_mtok', 'output_mtok']) {
       if (!isPrice(e[k])) fail(`${at}.${k}`, 'must be a non-negative number');
     }
-    if (e.cache_read_mtok !== undefined && e.cache_read_mtok !== null && !isPrice(e.cache_read_mtok)) {
-      fail(`${at}.cache_read_mtok`, 'must be a non-negative number (or omitted)');
+    for (const k of ['cache_read_mtok', 'input_audio_mtok', 'output_audio_mtok']) {
+      if (e[k] !== undefined && e[k] !== null && !isPrice(e[k])) fail(`${at}.${k}`, 'must be a non-negative number (or omitted)');
     }
     // Admission reserves a prompt at the input price, as if none of it were cached: a cache-read
     // price above it (0.25 typed 25) makes that no bound, and a cap is crossed by a cache hit.
@@ -72,6 +73,8 @@ export function parsePriceOverrides(raw: unknown, file: string): Map<string, Mod
       date: e.date as string,
       provider: null,
       reference: (e.source as string | null | undefined) ?? null,
+      ...(typeof e.input_audio_mtok === 'number' ? { inputAudioMtok: e.input_audio_mtok } : {}),
+      ...(typeof e.output_audio_mtok === 'number' ? { outputAudioMtok: e.output_audio_mtok } : {}),
     });
   }
   return out;

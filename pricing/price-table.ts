@@ -59,6 +59,11 @@ function fromCatalogue(model: string, provider: string, rates: CatalogueRates, s
   if (input.tiers.length || (cacheRead?.tiers.length ?? 0) || output.tiers.length) {
     price.tiers = { input: input.tiers, cacheRead: cacheRead?.tiers ?? [], output: output.tiers };
   }
+  // Audio's own rates (gpt-audio: $32 in, $64 out per Mtok against $2.50 and $10 for text).
+  const inputAudio = split(rates.input_audio_mtok);
+  const outputAudio = split(rates.output_audio_mtok);
+  if (inputAudio) price.inputAudioMtok = inputAudio.base;
+  if (outputAudio) price.outputAudioMtok = outputAudio.base;
   return price;
 }
 

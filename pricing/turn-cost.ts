@@ -13,6 +13,9 @@ export interface TurnUsage {
   inputTokens: number;
   cachedTokens?: number | null;
   outputTokens: number;
+  /** Of the input and output, the audio tokens (`prompt_tokens_details.audio_tokens`, `completion_tokens_details.audio_tokens`). */
+  inputAudioTokens?: number | null;
+  outputAudioTokens?: number | null;
 }
 
 export type CostSource = 'local' | 'plan' | 'provider' | 'list-price' | 'unpriced';
@@ -48,13 +51,26 @@ function validCount(n: number | null | undefined): number {
   return typeof n === 'number' && Number.isFinite(n) && n > 0 ? n : 0;
 }
 
-/** List-price cost of a usage: uncached input at input price, cached at cache-read, output at output. */
+/**
+ * List-price cost of a usage: uncached input at input price, cached at cache-read, output at
+ * output — and audio tokens, within them, at the price's audio rates where it has them.
+ */
 export function listPriceUsd(price: ModelPrice, usage: TurnUsage): number {
   const input = validCount(usage.inputTokens);
   // A provider can report more cached than input tokens only by mistake; never bill negative input.
   const cached = Math.min(validCount(usage.cachedTokens), input);
+  const output = validCount(usage.outputTokens);
   const r = ratesAt(price, input);
-  return roundUsd(tokensUsd(input - cached, r.input) + tokensUsd(cached, r.cacheRead) + tokensUsd(validCount(usage.outputTokens), r.output));
+  // Audio is counted within input (uncached) and output; a figure past them is no figure.
+  const audioIn = price.inputAudioMtok == null ? 0 : Math.min(validCount(usage.inputAudioTokens), input - cached);
+  const audioOut = price.outputAudioMtok == null ? 0 : Math.min(validCount(usage.outputAudioTokens), output);
+  return roundUsd(
+    tokensUsd(input - cached - audioIn, r.input) +
+      tokensUsd(cached, r.cacheRead) +
+      tokensUsd(output - audioOut, r.output) +
+      tokensUsd(audioIn, price.inputAudioMtok ?? 0) +
+      tokensUsd(audioOut, price.outputAudioMtok ?? 0),
+  );
 }
 
 /** What reading `cachedTokens` from the provider's cache saved against paying full input price. */

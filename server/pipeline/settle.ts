@@ -138,6 +138,9 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
         usage: {
           inputTokens: plan.upstream.config.kind === 'llamacpp' && plan.rows.rows > 1 ? plan.rows.sumTokens : (f.promptTokens ?? plan.rows.sumTokens),
           cachedTokens: f.cachedTokens,
+          // Audio within them, priced at the audio rates where the price has them.
+          inputAudioTokens: tokenFigure((o.usage?.prompt_tokens_details as Json | undefined)?.audio_tokens),
+          outputAudioTokens: tokenFigure((o.usage?.completion_tokens_details as Json | undefined)?.audio_tokens),
           // What the provider really generated, even past the allowance (an upstream that ignored
           // max_tokens bills it all); the run's token charge stays within what was reserved.
           outputTokens: rawGenerated,

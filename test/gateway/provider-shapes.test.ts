@@ -444,3 +444,25 @@ for (const [name, after] of [
     t.notMatch(text, /"tool_calls"/);
   });
 }
+
+// An outside audit: the audio tokens OpenAI reports within a turn's usage were priced at the text
+// rates; gpt-audio's own ($32 and $64 per Mtok) are in the catalogue.
+t.test("a turn's audio tokens are priced at the model's audio rates", async (t) => {
+  const usage = {
+    prompt_tokens: 112,
+    completion_tokens: 50,
+    total_tokens: 162,
+    prompt_tokens_details: { cached_tokens: 0, audio_tokens: 100 },
+    completion_tokens_details: { reasoning_tokens: 0, audio_tokens: 40 },
+  };
+  const answer = { ...ID, object: 'chat.completion', model: 'gpt-audio', choices: [{ index: 0, message: { role: 'assistant', content: 'Heard.' }, finish_reason: 'stop' }], usage };
+  const upstream = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(answer)));
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)] });
+  const { headers } = await post(gw, { ...ask(), model: 'gpt-audio', max_tokens: 60 });
+  const [row] = await rows(gw);
+  const expected = (12 * 2.5 + 100 * 32 + 10 * 10 + 40 * 64) / 1e6;
+  t.ok(Math.abs(row!.cost_usd! - expected) < 1e-12, `${row!.cost_usd} against ${expected}`);
+  t.equal(Number(headers.get('x-tollgate-cost-usd')), row!.cost_usd);
+});

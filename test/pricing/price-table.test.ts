@@ -158,3 +158,9 @@ t.test('a price is remembered for a minute of this process, whatever the wall cl
   table.lookup('gpt-4o');
   t.equal(found, 1, 'still remembered: the minute is measured in this process');
 });
+
+t.test('overrides: audio rates are read, and checked like the others', async (t) => {
+  const prices = parsePriceOverrides({ models: { 'my-audio': { input_mtok: 2.5, output_mtok: 10, input_audio_mtok: 40, output_audio_mtok: 80, date: '2026-11-01' } } }, 'prices.json');
+  t.match(prices.get('my-audio'), { inputAudioMtok: 40, outputAudioMtok: 80 });
+  t.throws(() => parsePriceOverrides({ models: { m: { input_mtok: 1, output_mtok: 1, input_audio_mtok: -1, date: '2026-11-01' } } }, 'prices.json'), /\.models\["m"\]\.input_audio_mtok: must be a non-negative number/);
+});

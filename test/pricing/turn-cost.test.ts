@@ -89,3 +89,19 @@ t.test('worst case: a long prompt pays the long-context tier', async (t) => {
   t.equal(worstCaseUsd({ price: tiered, promptTokens: 100_000, allowance: 1000 }), 0.208);
   t.equal(worstCaseUsd({ price: tiered, promptTokens: 250_000, allowance: 1000 }), 1.012);
 });
+
+// An outside audit: gpt-audio's audio tokens were priced at its text rates, about 7.5× too low,
+// though the catalogue has its audio rates ($32 in, $64 out per Mtok).
+t.test('audio tokens are priced at the audio rates where the price has them', async (t) => {
+  const gptAudio = PriceTable.load().lookup('gpt-audio')!;
+  t.equal(gptAudio.inputAudioMtok, 32);
+  t.equal(gptAudio.outputAudioMtok, 64);
+  // 112 prompt tokens of which 100 audio; 50 output of which 40 audio.
+  const usage = { inputTokens: 112, outputTokens: 50, inputAudioTokens: 100, outputAudioTokens: 40 };
+  const c = turnCost({ billing: 'metered', price: gptAudio, usage });
+  t.ok(near(c.costUsd, (12 * 2.5 + 100 * 32 + 10 * 10 + 40 * 64) / 1e6), `${c.costUsd}`);
+  // Without audio rates the table knows no other: text rates.
+  t.equal(listPriceUsd(price, usage), (112 * 2 + 50 * 8) / 1e6);
+  // Audio past the uncached input or the output is no figure: clamped.
+  t.ok(near(listPriceUsd({ ...price, inputAudioMtok: 10, outputAudioMtok: 20 }, { inputTokens: 10, cachedTokens: 4, outputTokens: 5, inputAudioTokens: 50, outputAudioTokens: 50 }), (4 * 0.5 + 6 * 10 + 5 * 20) / 1e6));
+});
