@@ -54,6 +54,20 @@ function id(b: Body, field: string): string {
 // ledger's times are (`Date.parse` would read it in the server's own time zone).
 const ISO_TIME = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?)?$/;
 
+/**
+ * A query string holds only the parameters the route takes: one it does not (`tenant=` on the
+ * ledger's retention, a misspelt `untill=`) is a 400 naming it, not ignored — a filter that is not
+ * there must not look as if it applied, least of all to a deletion.
+ */
+function onlyQuery(query: unknown, allowed: readonly string[]): void {
+  for (const name of Object.keys((query ?? {}) as Record<string, unknown>)) {
+    if (!allowed.includes(name)) {
+      const takes = allowed.length === 0 ? 'this route takes no query parameters' : `this route takes ${allowed.join(', ')}`;
+      throw new GatewayError('invalid_request', `${name}: unknown query parameter (${takes}); nothing was done`, {}, name);
+    }
+  }
+}
+
 function timeParam(v: unknown, name: string): number | null {
   if (v === undefined || v === '') return null;
   const bad = () => new GatewayError('invalid_request', `${name}: must be one ISO 8601 time (2026-11-01 or 2026-11-01T12:00:00Z) or epoch milliseconds`, {}, name);
@@ -199,6 +213,7 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.get<{ Params: { id: string }; Querystring: { month?: string } }>('/admin/tenants/:id/spend', async (request) => {
+    onlyQuery(request.query, ['month']);
     const tenant = TENANT_ID.test(request.params.id) ? await ledger().getTenant(request.params.id) : null;
     if (!tenant) throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
     const month = request.query.month ?? monthOf(app.gateway.clock());
@@ -221,8 +236,19 @@ const route: FastifyPluginAsync = async (app) => {
   // behind: conversation heads last moved, and runs started, before `until` and more than a day
   // ago (ADR 0005). Conversations themselves stay (owners, caps, spend).
   app.delete<{ Querystring: { until?: string } }>('/admin/ledger', async (request) => {
+    onlyQuery(request.query, ['until']);
     const until = timeParam(request.query.until, 'until');
     if (until === null) throw new GatewayError('invalid_request', 'until: required: the rows of requests before this time are deleted', {}, 'until');
+    // Deletion cannot be undone: a time to come (2099 for "everything") is refused, not read as now.
+    const now = app.gateway.clock();
+    if (until > now) {
+      throw new GatewayError(
+        'invalid_request',
+        `until: ${new Date(until).toISOString()} is later than now (${new Date(now).toISOString()}): give a time up to now; nothing was deleted`,
+        {},
+        'until',
+      );
+    }
     const turn = () => new Promise((r) => setImmediate(r));
     let deleted = 0;
     for (;;) {
@@ -246,8 +272,12 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.get<{ Querystring: { since?: string; until?: string; by?: string } }>('/admin/ledger', async (request, reply) => {
+    onlyQuery(request.query, ['since', 'until', 'by']);
     const since = timeParam(request.query.since, 'since');
     const until = timeParam(request.query.until, 'until');
+    if (since !== null && until !== null && since > until) {
+      throw new GatewayError('invalid_request', `since: ${new Date(since).toISOString()} is later than until (${new Date(until).toISOString()}): the window holds nothing`, {}, 'since');
+    }
     // `by=settled`: the window is on when each request was settled, so exports read back to back
     // (each `since` the last `until`) see every settled row once — by the time a request began, one
     // still running at a cut is exported open, and its settled figures fall in no later window.

@@ -98,6 +98,35 @@ t.test('DELETE /admin/ledger?until= needs the admin token and the time, and says
   t.equal((await collect(gw.ledger.exportRows(null, null))).length, 2);
 });
 
+// An outside audit: `?until=2099-01-01&tenant=nobody` deleted every tenant's rows (the filter that
+// is not one was ignored, and a time to come deletes everything).
+t.test('DELETE /admin/ledger refuses a query parameter it does not take, and a time to come; nothing is deleted', async (t) => {
+  const gw = await startGateway(t, { upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['*'] }] });
+  for (let i = 0; i < 3; i++) {
+    const r = reservation({ tenant: 'local', time: T0 + i });
+    await gw.ledger.admit(r);
+    await gw.ledger.settle(r.id, settlement(r, 1));
+  }
+  const call = (method: string, query: string) => fetch(`${gw.url}/admin/ledger${query}`, { method, headers: { authorization: 'Bearer admin-secret' } });
+  const filtered = await call('DELETE', `?until=${T0 + 2}&tenant=nobody`);
+  t.equal(filtered.status, 400);
+  t.match(await filtered.json(), { error: { code: 'invalid_request', param: 'tenant', message: 'tenant: unknown query parameter (this route takes until); nothing was done' } });
+  const future = await call('DELETE', '?until=2099-01-01');
+  t.equal(future.status, 400);
+  t.match(await future.json(), { error: { param: 'until', message: /^until: 2099-01-01T00:00:00\.000Z is later than now \(.*\): give a time up to now; nothing was deleted$/ } });
+  t.equal((await collect(gw.ledger.exportRows(null, null))).length, 3, 'every row is still there');
+  // The export: a filter it does not take, and a window that ends before it starts, are 400s too.
+  const exportFiltered = await call('GET', '?tenant=nobody');
+  t.equal(exportFiltered.status, 400);
+  t.match(await exportFiltered.json(), { error: { param: 'tenant' } });
+  const backwards = await call('GET', `?since=${T0 + 2}&until=${T0}`);
+  t.equal(backwards.status, 400);
+  t.match(await backwards.json(), { error: { param: 'since' } });
+  const spend = await fetch(`${gw.url}/admin/tenants/local/spend?mnth=2026-11`, { headers: { authorization: 'Bearer admin-secret' } });
+  t.equal(spend.status, 400);
+  t.match(await spend.json(), { error: { param: 'mnth' } });
+});
+
 t.test('DELETE /admin/ledger keeps heads and runs younger than a day, whatever `until` says', async (t) => {
   const gw = await startGateway(t, { upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:9', models: ['*'] }] }, { clock: true });
   const now = gw.now.ms;
