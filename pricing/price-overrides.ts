@@ -97,7 +97,7 @@ export function readPriceOverrides(path: string): Map<string, ModelPrice> {
   }
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    raw = JSON.parse(text.replace(/^\uFEFF/, ''));
   } catch (err) {
     const why = err instanceof Error ? err.message : String(err);
     throw new PriceOverridesError(`prices.overrides: ${path} is not valid JSON: ${why}`);

@@ -123,6 +123,8 @@ const HISTORY_KEPT_MS = 86_400_000;
  */
 const PRUNE_BATCH_HISTORY = 250;
 const MAX_TIME_MS = 8.64e15;
+/** The longest name a key may be given (UTF-16 units, as JavaScript counts them). */
+const MAX_KEY_NAME_CHARS = 200;
 /** The smallest epoch-milliseconds value taken besides 0: 1e11 is March 1973, and 12 digits. */
 const MIN_EPOCH_MS = 1e11;
 
@@ -166,7 +168,11 @@ const route: FastifyPluginAsync = async (app) => {
     if (typeof b.name === 'string' && CONTROL.test(b.name)) {
       throw new GatewayError('invalid_request', 'name: must not contain control characters', {}, 'name');
     }
-    const name = typeof b.name === 'string' ? b.name.slice(0, 200) : null;
+    // Refused, not cut: a name cut short (or cut inside a character) is not the name given.
+    if (typeof b.name === 'string' && b.name.length > MAX_KEY_NAME_CHARS) {
+      throw new GatewayError('invalid_request', `name: has ${b.name.length} characters, the most is ${MAX_KEY_NAME_CHARS}`, {}, 'name');
+    }
+    const name = typeof b.name === 'string' ? b.name : null;
     // A tenant made here has no budget; one that exists keeps its own (one step in the store).
     await ledger().createTenant({ id: tenant, monthlyBudgetUsd: null });
     const key = `tg-${randomBytes(24).toString('base64url')}`;

@@ -21,6 +21,7 @@ import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
 import { KeySlots, registerSlotRelease } from './key-slots.js';
+import { isPattern } from '../pricing/cheaper-models.js';
 import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
@@ -224,6 +225,20 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   for (const u of config.upstreams) {
     if (u.apiKeyEnv && !env[u.apiKeyEnv]) app.log.warn({ upstream: u.name, apiKeyEnv: u.apiKeyEnv }, 'the upstream\'s API key variable is not set: its requests go without a key');
   }
+  // Models an upstream lists that an earlier one takes (routing is first match, in order): said at
+  // start, as nothing else would show that requests never reach it.
+  for (const [at, u] of upstreams.list.entries()) {
+    const catchAll = upstreams.list.slice(0, at).find((earlier) => earlier.config.models.includes('*'));
+    const shadowed = u.config.models.filter((m) => (isPattern(m) ? catchAll !== undefined : upstreams.route(m) !== u));
+    if (shadowed.length > 0) {
+      const takenBy = [...new Set(shadowed.map((m) => (isPattern(m) ? catchAll!.name : upstreams.route(m)?.name)))];
+      app.log.warn({ upstream: u.name, models: shadowed, routedTo: takenBy }, `upstreams[${at}] ("${u.name}"): an earlier upstream takes these of its models (the first match routes): requests for them never reach it`);
+    }
+  }
+  // A run budget below the default allowance refuses every request that names no max_tokens.
+  for (const [where, budget] of runBudgetsBelowDefault(config)) {
+    app.log.warn({ [where]: budget, 'defaults.maxTokens': config.defaults.maxTokens }, `${where} is below defaults.maxTokens: a request that names no max_tokens is refused (402) under it; lower defaults.maxTokens or raise the budget`);
+  }
   if (opts.loadTokenizers) {
     const started = performance.now();
     const encodings = encodingsServed(upstreams);
@@ -301,4 +316,14 @@ function clientErrorAnswer(err: NodeJS.ErrnoException, requestTimeoutMs: number)
     return [408, 'Request Timeout', envelope('request_timeout', `the request did not arrive in time (${limits})`, ERRORS.request_timeout.type)];
   }
   return [400, 'Bad Request', envelope('invalid_request', `the request is not valid HTTP: ${err.code ?? err.message}`, ERRORS.invalid_request.type)];
+}
+
+/** Run token budgets (`runs`, a tenant's, a key's) smaller than the default allowance, by where they are set. */
+function runBudgetsBelowDefault(config: Config): Array<[string, number]> {
+  const below = (b: number | null | undefined) => typeof b === 'number' && b < config.defaults.maxTokens;
+  const out: Array<[string, number]> = [];
+  if (below(config.runs.tokenBudget)) out.push(['runs.tokenBudget', config.runs.tokenBudget!]);
+  config.tenants.forEach((t, i) => below(t.runs?.tokenBudget) && out.push([`tenants[${i}].runs.tokenBudget`, t.runs!.tokenBudget!]));
+  config.auth.keys.forEach((k, i) => below(k.runs?.tokenBudget) && out.push([`auth.keys[${i}].runs.tokenBudget`, k.runs!.tokenBudget!]));
+  return out;
 }

@@ -171,11 +171,15 @@ function readAllowanceField(r: Reader, kind: UpstreamKind): UpstreamConfig['allo
 /** The shortest `store.recoverAfterSeconds`: replicas say their requests alive five times within it (server/app.ts). */
 export const MIN_RECOVER_AFTER_SECONDS = 60;
 
-function readStore(r: Reader): StoreConfig {
+function readStore(r: Reader, env: NodeJS.ProcessEnv): StoreConfig {
   const kind = r.oneOf('kind', ['sqlite', 'postgres'] as const, 'sqlite')!;
   if (kind === 'postgres') {
-    const url = r.strOrNull('url', process.env.DATABASE_URL ?? null);
+    const url = r.strOrNull('url', env.DATABASE_URL || null);
     if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
+    if (!isPostgresUrl(url)) {
+      const from = r.has('url') ? '' : ' (from DATABASE_URL)';
+      r.fail('url', `must be a postgres:// URL such as postgres://user:password@host:5432/db${from}`);
+    }
     const schema = r.str('schema', 'public')!;
     if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) r.fail('schema', 'must be a lower-case SQL identifier');
     const recoverAfterSeconds = r.int('recoverAfterSeconds', 600, MIN_RECOVER_AFTER_SECONDS, 86_400)!;
@@ -189,6 +193,16 @@ function readStore(r: Reader): StoreConfig {
   };
 }
 
+/** A URL node-postgres reads: postgres:// or postgresql://, parseable (the host may be empty: a socket). */
+function isPostgresUrl(url: string): boolean {
+  try {
+    const u = new URL(url);
+    return u.protocol === 'postgres:' || u.protocol === 'postgresql:';
+  } catch {
+    return false;
+  }
+}
+
 /** The zero-config default (SPEC §8): SQLite on disk and one upstream taken from the environment. */
 function defaultUpstreams(env: NodeJS.ProcessEnv): unknown[] {
   if (env.OPENAI_BASE_URL || env.OPENAI_API_KEY) {
@@ -196,7 +210,8 @@ function defaultUpstreams(env: NodeJS.ProcessEnv): unknown[] {
       {
         name: 'openai',
         kind: 'openai',
-        baseUrl: env.OPENAI_BASE_URL ?? 'https://api.openai.com/v1',
+        // Set but empty is unset, as for TOLLGATE_HOST and TOLLGATE_PORT.
+        baseUrl: env.OPENAI_BASE_URL || 'https://api.openai.com/v1',
         apiKeyEnv: 'OPENAI_API_KEY',
         models: ['*'],
         billing: 'metered',
@@ -211,7 +226,17 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   root.allowOnly(['store', 'upstreams', 'limits', 'defaults', 'runs', 'auth', 'tenants', 'prices', 'metrics', 'logging', 'tokenCache']);
   const names = new Set<string>();
   const upstreamsRaw = root.has('upstreams') ? undefined : defaultUpstreams(env);
-  const upstreams = root.list('upstreams', upstreamsRaw, (r) => readUpstream(r, names));
+  let upstreams: UpstreamConfig[];
+  try {
+    upstreams = root.list('upstreams', upstreamsRaw, (r) => readUpstream(r, names));
+  } catch (err) {
+    // The zero-config upstream's URL is the operator's OPENAI_BASE_URL: named as they set it.
+    if (upstreamsRaw !== undefined && env.OPENAI_BASE_URL && err instanceof ConfigError && err.message.startsWith('upstreams[0].baseUrl: ')) {
+      const why = err.message.slice('upstreams[0].baseUrl: '.length).replace('(put a key in apiKeyEnv)', '(put the key in OPENAI_API_KEY)');
+      throw new ConfigError(`OPENAI_BASE_URL: "${env.OPENAI_BASE_URL}" ${why}`);
+    }
+    throw err;
+  }
   if (upstreams.length === 0) root.fail('upstreams', 'must list at least one upstream');
 
   const limits = root.obj('limits');
@@ -224,7 +249,7 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   const tokenCache = root.obj('tokenCache');
 
   const config: Config = {
-    store: readStore(root.obj('store')),
+    store: readStore(root.obj('store'), env),
     upstreams,
     limits: {
       maxRows: limits.int('maxRows', DEFAULT_LIMITS.maxRows, 1, 1 << 20)!,
@@ -328,7 +353,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    // A file saved with a byte-order mark (Windows editors) is JSON all the same.
+    raw = JSON.parse(text.replace(/^\uFEFF/, ''));
   } catch (err) {
     throw new ConfigError(`TOLLGATE_CONFIG: ${path} is not valid JSON: ${(err as Error).message}`);
   }

@@ -10,6 +10,8 @@
 // zero-config upstream, DATABASE_URL for a PostgreSQL store without `url`, each `apiKeyEnv`.
 
 import { existsSync } from 'node:fs';
+import { lookup } from 'node:dns/promises';
+import { isIP } from 'node:net';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
 import { isStoreFailure } from './ledger-guard.js';
@@ -24,8 +26,25 @@ const SAME_SIGNAL_MS = 1_000;
 /** How much longer than the drain a stopping gateway waits before it exits whatever is left (ms). */
 const HARD_EXIT_AFTER_DRAIN_MS = 5_000;
 
+/**
+ * Whether the gateway listens on loopback alone (keys may then be left out). A name is taken as
+ * loopback only if it is `localhost`: `127.example.com` is a name like any other.
+ */
 export function isLoopback(host: string): boolean {
-  return LOOPBACK.has(host) || host.startsWith('127.');
+  return LOOPBACK.has(host) || (isIP(host) === 4 && host.startsWith('127.'));
+}
+
+/** Why `host` cannot be listened on (not an address, a name that does not resolve), or null. */
+export async function unusableHost(host: string): Promise<string | null> {
+  if (isIP(host) !== 0) return null;
+  try {
+    await lookup(host);
+    return null;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? 'error';
+    const spaces = host !== host.trim() ? ' (it has spaces around it)' : '';
+    return `TOLLGATE_HOST "${host}" is neither an IP address nor a name that resolves (${code})${spaces}`;
+  }
 }
 
 /** A mistake in the configuration (or a file it names) ends the start with its message, exit 2. */
@@ -60,6 +79,12 @@ async function main(): Promise<void> {
     process.exit(2);
   }
   const drainMs = Number(drainText);
+  // Before anything is opened or created: a host that cannot be listened on ends the start here.
+  const hostProblem = await unusableHost(host);
+  if (hostProblem !== null) {
+    process.stderr.write(`tollgate: ${hostProblem}\n`);
+    process.exit(2);
+  }
   const loopback = isLoopback(host);
   const refuseWithoutKeys = (): never => {
     process.stderr.write(
@@ -126,9 +151,14 @@ async function main(): Promise<void> {
       clearTimeout(drain);
       stop('a second signal: stopping the requests still running now');
     };
-    const timer = setTimeout(() => process.exit(1), drainMs + HARD_EXIT_AFTER_DRAIN_MS);
+    // The log's last line says which way it went: stopped, or given up on.
+    const timer = setTimeout(() => {
+      app.log.error({ inFlight: app.gateway.inFlight.size, afterMs: drainMs + HARD_EXIT_AFTER_DRAIN_MS }, 'shutdown did not finish in time: exiting (1)');
+      process.exit(1);
+    }, drainMs + HARD_EXIT_AFTER_DRAIN_MS);
     timer.unref();
     await app.close();
+    app.log.info({ signal }, 'stopped');
     process.exit(0);
   };
   process.on('SIGINT', () => void shutdown('SIGINT'));

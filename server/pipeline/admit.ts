@@ -53,9 +53,11 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
     ...(rows.imageBound ? ['images counted at the most they can cost'] : []),
   ];
   const why = rows.upperBound ? ` (the prompt is an upper bound: ${causes.join('; ')})` : '';
+  // An allowance the client did not name is the gateway's default: said, so that the fix is plain.
+  const output = plan.valid.maxTokens === null && plan.valid.kind !== 'embeddings' ? `max output ${plan.allowance}: defaults.maxTokens, as the request named no max_tokens` : `max output ${plan.allowance}`;
   const message = whole
-    ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + max output ${plan.allowance}), more than the run's whole budget of ${limit} tokens${why}`
-    : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + max output ${plan.allowance}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;
+    ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), more than the run's whole budget of ${limit} tokens${why}`
+    : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;
   return new GatewayError('token_budget_exhausted', message, {
     remaining,
     needed,

@@ -11,7 +11,7 @@ import { Registry } from 'prom-client';
 import { buildApp } from '../../server/app.js';
 import { parseConfig } from '../../server/config.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
-import { openaiUpstream } from '../helpers/gateway.js';
+import { openaiUpstream, startGateway } from '../helpers/gateway.js';
 import { sdkStatus } from '../helpers/sdk.js';
 
 const KEY = 'tg-secret-4f9c2e7a1b';
@@ -298,4 +298,44 @@ t.test('a turn that cost more than its reservation is logged with both figures',
   t.ok((line!.reserved_usd as number) < cost, `reserved ${line!.reserved_usd}, cost ${cost}`);
   await ask(100);
   t.equal(gw.lines().filter((l) => l.msg === 'turn cost more than its reservation').length, 1, 'not when the turn stayed within it');
+});
+
+// An outside audit: an upstream listed after a catch-all never served a request, and nothing said
+// so; a run budget below the default allowance refused every request without max_tokens, silently
+// at start and with a message that named a figure the client never asked for.
+t.test('the start warns of models an earlier upstream takes, and of run budgets below defaults.maxTokens', async (t) => {
+  let output = '';
+  const logStream = new Writable({
+    write(chunk: Buffer, _enc, done) {
+      output += chunk.toString('utf8');
+      done();
+    },
+  });
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(
+    t,
+    {
+      upstreams: [
+        openaiUpstream(upstream.url, { name: 'a', models: ['gpt-*'], billing: 'local' }),
+        openaiUpstream(upstream.url, { name: 'b', models: ['gpt-4o', 'o3'], billing: 'local' }),
+        openaiUpstream(upstream.url, { name: 'c', models: ['*'], billing: 'local' }),
+        openaiUpstream(upstream.url, { name: 'd', models: ['*', 'claude-x', 'gpt-4o'], billing: 'local' }),
+      ],
+      runs: { tokenBudget: 2000 },
+      logging: { level: 'warn' },
+    },
+    { logStream },
+  );
+  const lines = output.trim().split('\n').map((l) => JSON.parse(l) as Line);
+  const shadow = (name: string) => lines.find((l) => l.upstream === name && String(l.msg).includes('an earlier upstream takes'));
+  // Exact names route before patterns: b's names are its own, and c serves what the rest do not.
+  t.notOk(shadow('b'));
+  t.notOk(shadow('c'));
+  t.same(shadow('d')?.models, ['*', 'gpt-4o'], "d's pattern goes to c's catch-all, its gpt-4o to b; claude-x is its own");
+  t.same(shadow('d')?.routedTo, ['c', 'b']);
+  t.match(lines.find((l) => String(l.msg).startsWith('runs.tokenBudget is below defaults.maxTokens')), { 'runs.tokenBudget': 2000, 'defaults.maxTokens': 4096 });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', messages: [{ role: 'user', content: 'hello' }] }) });
+  t.equal(res.status, 402);
+  t.match(((await res.json()) as { error: { message: string } }).error.message, /\+ max output 4096: defaults\.maxTokens, as the request named no max_tokens\), more than the run's whole budget of 2000 tokens$/);
 });

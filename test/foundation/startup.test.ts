@@ -371,3 +371,30 @@ t.test('a ledger file this user cannot write: exit 2 at start, naming store.path
   t.match(s.stderr(), `tollgate: invalid configuration: store.path: the SQLite ledger ${path} cannot be written by this user`);
   t.notMatch(s.stderr(), /\n\s+at /, 'no stack trace');
 });
+
+// An outside audit: a host that does not resolve was a stack trace and exit 1, with a ledger left
+// behind; `127.example.invalid` counted as loopback (it starts with "127.").
+t.test('a TOLLGATE_HOST that is no address and does not resolve: exit 2 naming it, nothing created', async (t) => {
+  for (const host of ['nonexistent.invalid', '127.0.0.1 ', '127.0.0.256']) {
+    const dir = tempDir(t);
+    const s = start(dir, { TOLLGATE_PORT: '0', TOLLGATE_HOST: host });
+    t.equal(await exitedOrListening(t, s), 2, `TOLLGATE_HOST="${host}"`);
+    t.match(s.stderr(), `tollgate: TOLLGATE_HOST "${host}" is neither an IP address nor a name that resolves (`);
+    t.notMatch(s.stderr(), /\n\s+at /, 'no stack');
+    t.same(readdirSync(dir), [], 'no ledger file');
+  }
+});
+
+t.test('a config file saved with a byte-order mark is read', async (t) => {
+  const dir = tempDir(t);
+  const port = await freePort();
+  writeFileSync(join(dir, 'config.json'), '\uFEFF' + JSON.stringify(minimalConfig(dir, {})));
+  const s = start(dir, { TOLLGATE_PORT: String(port), TOLLGATE_CONFIG: join(dir, 'config.json') });
+  t.teardown(() => {
+    s.child.kill('SIGKILL');
+  });
+  await waitHealthy(`http://127.0.0.1:${port}`, s);
+  s.child.kill('SIGTERM');
+  t.equal(await s.exited, 0);
+  t.match(s.stdout(), /"msg":"stopped"/, 'a clean stop says so in its last line');
+});

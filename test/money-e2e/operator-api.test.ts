@@ -44,6 +44,11 @@ t.test('a key made by the operator works, is stored hashed, and can be revoked',
   const named = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 5 });
   t.equal(named.status, 400, 'a name that is not a string is refused, not turned into one');
   t.match(named.body, { error: { code: 'invalid_request', param: 'name' } });
+  // A name past 200 characters is refused, not cut (an audit: cut inside an emoji, it was no text).
+  const long = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 'x'.repeat(199) + '\u{1F600}' });
+  t.equal(long.status, 400);
+  t.match(long.body, { error: { code: 'invalid_request', param: 'name', message: 'name: has 201 characters, the most is 200' } });
+  t.equal((await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 'x'.repeat(200) })).status, 201, '200 is taken');
 
   // 2. It works as a client key, for its own tenant.
   const r = await chat(gw, key, ask, { 'x-tollgate-conversation': 'daves' });
