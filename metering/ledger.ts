@@ -316,6 +316,10 @@ export interface Ledger {
   findKeyByHash(hash: string): Promise<KeyRecord | null>;
   /** Whether the operator API has made any key (one made and deleted is none). */
   hasKeys(): Promise<boolean>;
+  /** Every tenant, by id. */
+  listTenants(): Promise<TenantRecord[]>;
+  /** The keys the operator API made (not their hashes), by tenant then id; one tenant's when given. */
+  listKeys(tenant?: string): Promise<KeyRecord[]>;
 
   // Export.
   /**

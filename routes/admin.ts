@@ -173,8 +173,9 @@ const route: FastifyPluginAsync = async (app) => {
       throw new GatewayError('invalid_request', `name: has ${b.name.length} characters, the most is ${MAX_KEY_NAME_CHARS}`, {}, 'name');
     }
     const name = typeof b.name === 'string' ? b.name : null;
-    // A tenant made here has no budget; one that exists keeps its own (one step in the store).
-    await ledger().createTenant({ id: tenant, monthlyBudgetUsd: null });
+    // A tenant made here has no budget; one that exists keeps its own (one step in the store). The
+    // answer says which, so that a misspelt tenant does not pass unseen.
+    const tenantCreated = await ledger().createTenant({ id: tenant, monthlyBudgetUsd: null });
     const key = `tg-${randomBytes(24).toString('base64url')}`;
     const keyId = `key-${randomUUID()}`;
     await ledger().createKey({ id: keyId, tenant, name, hash: hashKey(key) });
@@ -182,7 +183,27 @@ const route: FastifyPluginAsync = async (app) => {
     app.gateway.auth.keysChanged();
     reply.code(201);
     // The key is shown this once; only its hash is kept.
-    return { id: keyId, key, tenant, name };
+    return { id: keyId, key, tenant, name, tenant_created: tenantCreated };
+  });
+
+  // What exists, for an operator who has lost an id (a key can be revoked only by its id).
+  app.get('/admin/tenants', async (request) => {
+    onlyQuery(request.query, []);
+    const tenants = await ledger().listTenants();
+    return { tenants: tenants.map((t) => ({ id: t.id, monthly_budget_usd: t.monthlyBudgetUsd })) };
+  });
+
+  app.get<{ Querystring: { tenant?: string } }>('/admin/keys', async (request) => {
+    onlyQuery(request.query, ['tenant']);
+    const tenant = request.query.tenant;
+    if (tenant !== undefined && !(TENANT_ID.test(tenant) && (await ledger().getTenant(tenant)))) throw new GatewayError('not_found', `no tenant "${tenant}"`);
+    // The config file's keys (revoked by editing it) and the operator API's (revoked here).
+    const configured = app.gateway.auth
+      .configuredKeys()
+      .filter((k) => tenant === undefined || k.tenant === tenant)
+      .map((k) => ({ id: k.id, tenant: k.tenant, name: null, source: 'config' as const }));
+    const made = (await ledger().listKeys(tenant)).map((k) => ({ id: k.id, tenant: k.tenant, name: k.name, source: 'api' as const }));
+    return { keys: [...configured, ...made] };
   });
 
   app.delete<{ Params: { id: string } }>('/admin/keys/:id', async (request) => {

@@ -65,6 +65,11 @@ export class Authenticator {
     }
   }
 
+  /** The config file's keys, as the operator API lists them: their ids and tenants, never the keys. */
+  configuredKeys(): Array<{ id: string; tenant: string }> {
+    return [...this.configured.values()].map(({ key, id }) => ({ id, tenant: key.tenant }));
+  }
+
   /**
    * With no keys at all — none in the config, none made with the operator API — the gateway is a
    * loopback-only development setup where every request is tenant `local` (SPEC §8). One key made

@@ -347,6 +347,20 @@ export class PostgresLedger implements Ledger {
     return (rowCount ?? 0) > 0;
   }
 
+  async listTenants(): Promise<TenantRecord[]> {
+    // Ordered bytewise, as SQLite orders text, whatever the database's collation.
+    const { rows } = await this.pool.query<TenantRecord>('SELECT id, monthly_budget_usd AS "monthlyBudgetUsd" FROM tenants ORDER BY id COLLATE "C"');
+    return rows;
+  }
+
+  async listKeys(tenant?: string): Promise<KeyRecord[]> {
+    const { rows } =
+      tenant === undefined
+        ? await this.pool.query<KeyRecord>('SELECT id, tenant, name FROM api_keys ORDER BY tenant COLLATE "C", id COLLATE "C"')
+        : await this.pool.query<KeyRecord>('SELECT id, tenant, name FROM api_keys WHERE tenant = $1 ORDER BY id COLLATE "C"', [tenant]);
+    return rows;
+  }
+
   async pruneRows(untilMs: number, limit: number): Promise<number> {
     const { rowCount } = await this.pool.query(
       `DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows

@@ -57,6 +57,9 @@ export function prepareSqlite(db: Database.Database) {
     claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
 
     getTenant: s('SELECT id, monthly_budget_usd FROM tenants WHERE id = ?'),
+    listTenants: s('SELECT id, monthly_budget_usd FROM tenants ORDER BY id'),
+    listKeys: s('SELECT id, tenant, name FROM api_keys ORDER BY tenant, id'),
+    listTenantKeys: s('SELECT id, tenant, name FROM api_keys WHERE tenant = ? ORDER BY id'),
     createTenant: s('INSERT INTO tenants (id, monthly_budget_usd) VALUES (?, ?) ON CONFLICT (id) DO NOTHING'),
     setTenantBudget: s('UPDATE tenants SET monthly_budget_usd = ? WHERE id = ?'),
     createKey: s('INSERT INTO api_keys (id, tenant, name, hash) VALUES (?, ?, ?, ?)'),

@@ -613,6 +613,16 @@ export class SqliteLedger implements Ledger {
     return this.q.anyKey.get() !== undefined;
   }
 
+  async listTenants(): Promise<TenantRecord[]> {
+    const rows = this.q.listTenants.all() as Array<{ id: string; monthly_budget_usd: number | null }>;
+    return rows.map((t) => ({ id: t.id, monthlyBudgetUsd: t.monthly_budget_usd }));
+  }
+
+  async listKeys(tenant?: string): Promise<KeyRecord[]> {
+    const rows = (tenant === undefined ? this.q.listKeys.all() : this.q.listTenantKeys.all(tenant)) as KeyRecord[];
+    return rows.map((k) => ({ id: k.id, tenant: k.tenant, name: k.name }));
+  }
+
   async pruneRows(untilMs: number, limit: number): Promise<number> {
     const deleted = this.q.pruneRows.run(untilMs, limit).changes;
     // Deletes fill the WAL as commits do: the worker checkpoints it, not this connection.

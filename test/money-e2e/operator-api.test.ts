@@ -76,6 +76,38 @@ t.test('a key made by the operator works, is stored hashed, and can be revoked',
   t.equal((await call(gw.url, 'DELETE', `/admin/keys/${id}`, ADMIN)).status, 404);
 });
 
+// An outside audit: there was no way to list what exists, and a key's id, shown once, was the
+// only way to revoke it; a misspelt tenant on a new key made a new tenant without a word.
+t.test('the operator lists tenants and keys (ids, never keys), and is told when a key made a tenant', async (t) => {
+  const { gw } = await moneyWorld(t);
+  const made = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave', name: 'ci' });
+  t.equal((made.body as { tenant_created: boolean }).tenant_created, true, 'a new tenant');
+  const again = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'dave' });
+  t.equal((again.body as { tenant_created: boolean }).tenant_created, false, 'one that exists');
+  await call(gw.url, 'POST', '/admin/tenants', ADMIN, { id: 'erin', monthly_budget_usd: 3 });
+
+  const tenants = await call(gw.url, 'GET', '/admin/tenants', ADMIN);
+  t.equal(tenants.status, 200);
+  const list = (tenants.body as { tenants: Array<{ id: string; monthly_budget_usd: number | null }> }).tenants;
+  t.same(list.map((x) => x.id), [...list.map((x) => x.id)].sort(), 'by id');
+  t.ok(['alice', 'bob', 'dave', 'erin'].every((id) => list.some((x) => x.id === id)), 'every tenant');
+  t.same(list.find((x) => x.id === 'erin'), { id: 'erin', monthly_budget_usd: 3 });
+  t.same(list.find((x) => x.id === 'dave'), { id: 'dave', monthly_budget_usd: null });
+
+  const keys = await call(gw.url, 'GET', '/admin/keys', ADMIN);
+  t.equal(keys.status, 200);
+  const all = (keys.body as { keys: Array<{ id: string; tenant: string; name: string | null; source: string }> }).keys;
+  const hash = (k: string) => `cfg-${createHash('sha256').update(k).digest('hex').slice(0, 12)}`;
+  t.same(all.filter((k) => k.source === 'config').map((k) => [k.id, k.tenant]), [[hash(ALICE), 'alice'], [hash('tg-bob'), 'bob']], "the config's keys, by their ids");
+  t.same(all.filter((k) => k.source === 'api').map((k) => [k.id, k.tenant, k.name]).sort(), [[(made.body as { id: string }).id, 'dave', 'ci'], [(again.body as { id: string }).id, 'dave', null]].sort());
+  t.notMatch(JSON.stringify(keys.body), /tg-/, 'no key in the list');
+  const daves = await call(gw.url, 'GET', '/admin/keys?tenant=dave', ADMIN);
+  t.equal((daves.body as { keys: unknown[] }).keys.length, 2);
+  t.equal((await call(gw.url, 'GET', '/admin/keys?tenant=nobody', ADMIN)).status, 404);
+  t.equal((await call(gw.url, 'GET', '/admin/keys?tennant=dave', ADMIN)).status, 400, 'a misspelt filter is no filter');
+  t.equal((await call(gw.url, 'GET', '/admin/keys', { authorization: `Bearer ${ALICE}` })).status, 403);
+});
+
 t.test('the ledger exports as NDJSON, one row per request, between since and until', async (t) => {
   const { gw } = await moneyWorld(t, { clock: true });
   const t0 = gw.now.ms;
