@@ -62,6 +62,15 @@ export function ratesAt(price: ModelPrice, inputTokens: number): Rates {
   return { input, cacheRead, output: tiered(price.outputMtok, price.tiers?.output, inputTokens) };
 }
 
+/**
+ * The most an output token can cost: the output rate, or the audio output rate where the price has
+ * one and it is higher — admission cannot know whether a model will answer in audio, and reserves
+ * its worst case (SPEC §6).
+ */
+export function worstOutputMtok(price: ModelPrice, inputTokens: number): number {
+  return Math.max(ratesAt(price, inputTokens).output, price.outputAudioMtok ?? 0);
+}
+
 /** Blended list price used to compare models: input + output USD per Mtok (ADR 0006). */
 export function blendedMtok(price: ModelPrice): number {
   return price.inputMtok + price.outputMtok;

@@ -2,7 +2,7 @@
 // when it sends one, else list price, else null — Tollgate never guesses, and an unknown price is
 // never $0. Also the worst case admission reserves before a request is sent.
 
-import { ratesAt, roundUsd, tokensUsd, type Billing, type ModelPrice } from './model-price.js';
+import { ratesAt, roundUsd, tokensUsd, worstOutputMtok, type Billing, type ModelPrice } from './model-price.js';
 
 /**
  * Token usage of one turn, genai-prices / OpenAI convention: `inputTokens` includes the cached
@@ -114,10 +114,13 @@ export interface WorstCaseInput {
   allowance: number;
 }
 
-/** Worst-case USD admission reserves: whole prompt uncached + whole allowance at list price. */
+/**
+ * Worst-case USD admission reserves: whole prompt uncached + whole allowance at list price — at the
+ * audio output rate where the model has a dearer one (it may answer in audio).
+ */
 export function worstCaseUsd({ price, promptTokens, allowance }: WorstCaseInput): number | null {
   if (!price) return null;
   const prompt = validCount(promptTokens);
   const r = ratesAt(price, prompt);
-  return roundUsd(tokensUsd(prompt, r.input) + tokensUsd(validCount(allowance), r.output));
+  return roundUsd(tokensUsd(prompt, r.input) + tokensUsd(validCount(allowance), worstOutputMtok(price, prompt)));
 }

@@ -5,7 +5,7 @@
 import type { Gateway } from '../gateway.js';
 import type { ConversationSpend } from '../../metering/ledger.js';
 import { familyOf, runBudgetFor, USD_EPSILON, type AdmissionState, type MoneyScopeState } from '../../metering/stores/admission-check.js';
-import { ratesAt, roundUsd } from '../../pricing/model-price.js';
+import { ratesAt, roundUsd, worstOutputMtok } from '../../pricing/model-price.js';
 import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { roomPastCapUsd } from '../../pricing/cheaper-models.js';
 import { isToolRound, worstPromptTokens, type Plan } from './plan.js';
@@ -121,13 +121,15 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);
     const rates = ratesAt(plan.price, promptTokens);
+    // Output at its worst rate, as admission reserves it (an audio rate above the text one).
+    const outputMtok = worstOutputMtok(plan.price, promptTokens);
     // A prediction's tokens are output the request may be billed for whatever its max_tokens.
-    const promptUsd = (promptTokens * rates.input + plan.predictionTokens * rates.output) / 1e6;
+    const promptUsd = (promptTokens * rates.input + plan.predictionTokens * outputMtok) / 1e6;
     // What admission would reserve for a given max_tokens, computed as admission computes it.
     const price = plan.price;
     const cost = (n: number) => worstCaseUsd({ price, promptTokens, allowance: n * per + plan.predictionTokens }) ?? 0;
     for (const h of held) {
-      if (rates.output <= 0) {
+      if (outputMtok <= 0) {
         limits.push(Number.MAX_SAFE_INTEGER);
         continue;
       }
@@ -136,7 +138,7 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
       // the largest max_tokens the request would be admitted with — float sums of the spend
       // (3 × 0.28 is a hair over 0.84) once made it one less.
       const fits = (n: number) => h.committed + cost(n) <= h.limit + USD_EPSILON;
-      let n = Math.max(0, Math.floor(((h.limit - h.committed - promptUsd) * 1e6) / rates.output / per));
+      let n = Math.max(0, Math.floor(((h.limit - h.committed - promptUsd) * 1e6) / outputMtok / per));
       while (n > 0 && !fits(n)) n--;
       for (let more = 0; more < 4 && fits(n + 1); more++) n++;
       limits.push(n);

@@ -466,3 +466,23 @@ t.test("a turn's audio tokens are priced at the model's audio rates", async (t) 
   t.ok(Math.abs(row!.cost_usd! - expected) < 1e-12, `${row!.cost_usd} against ${expected}`);
   t.equal(Number(headers.get('x-tollgate-cost-usd')), row!.cost_usd);
 });
+
+// A review: audio output was priced at its audio rate, but admission reserved the text rate, so a
+// $0.05 budget let one gpt-audio turn spend $0.26.
+t.test('admission reserves output at the audio rate where it is dearer: a money limit holds', async (t) => {
+  const upstream = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...ID, object: 'chat.completion', model: 'gpt-audio', choices: [{ index: 0, message: { role: 'assistant', content: 'x' }, finish_reason: 'length' }], usage: { prompt_tokens: 10, completion_tokens: 700, total_tokens: 710, completion_tokens_details: { audio_tokens: 700 } } })));
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)], auth: { keys: [{ key: 'tg-audio', tenant: 'audio', monthlyBudgetUsd: 0.05 }] } });
+  const body = { ...ask(), model: 'gpt-audio', max_tokens: 4000 };
+  const headers = { 'content-type': 'application/json', authorization: 'Bearer tg-audio' };
+  const refused = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify(body) });
+  t.equal(refused.status, 402, '4,000 tokens at $64/M is past $0.05');
+  t.equal(((await refused.json()) as { error: { code: string } }).error.code, 'monthly_budget_reached');
+  const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { max_affordable_allowance: number };
+  t.ok(plan.max_affordable_allowance < 782, `at most $0.05 / $64 per Mtok of output: ${plan.max_affordable_allowance}`);
+  const over = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { ...body, max_tokens: plan.max_affordable_allowance + 1 } }) });
+  t.equal(((await over.json()) as { verdict: { status: number } }).verdict.status, 402, 'one more is not');
+  const fits = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ ...body, max_tokens: plan.max_affordable_allowance }) });
+  t.equal(fits.status, 200, 'the figure admission gives is admitted');
+});
