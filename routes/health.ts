@@ -62,7 +62,8 @@ const route: FastifyPluginAsync = async (app) => {
           return { name: u.name, reachable: true, status: res.statusCode };
         } catch (err) {
           // Its code, not undici's words: they name the upstream's address, and this route is public.
-          request.log.warn({ upstream: u.name, err: { message: (err as Error).message, code: upstreamCode(err) } }, 'readiness: an upstream did not answer');
+          // At debug, as the probes are: a load balancer asks every few seconds, and anyone may.
+          request.log.debug({ upstream: u.name, err: { message: (err as Error).message, code: upstreamCode(err) } }, 'readiness: an upstream did not answer');
           return { name: u.name, reachable: false, error: `the upstream did not answer (${upstreamCode(err)})` };
         }
       }),

@@ -178,7 +178,7 @@ function readStore(r: Reader, env: NodeJS.ProcessEnv): StoreConfig {
     if (!url) r.fail('url', 'must be a postgres:// URL (or set DATABASE_URL)');
     if (!isPostgresUrl(url)) {
       const from = r.has('url') ? '' : ' (from DATABASE_URL)';
-      r.fail('url', `must be a postgres:// URL such as postgres://user:password@host:5432/db${from}`);
+      r.fail('url', `must be a postgres:// URL such as postgres://user:password@host:5432/db (or socket:, or a socket directory)${from}`);
     }
     const schema = r.str('schema', 'public')!;
     if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) r.fail('schema', 'must be a lower-case SQL identifier');
@@ -193,14 +193,14 @@ function readStore(r: Reader, env: NodeJS.ProcessEnv): StoreConfig {
   };
 }
 
-/** A URL node-postgres reads: postgres:// or postgresql://, parseable (the host may be empty: a socket). */
+/**
+ * A connection string node-postgres reads, by its start: `postgres://` or `postgresql://` (the
+ * host may be empty, `…@/db?host=/var/run/postgresql`, which a WHATWG URL does not take),
+ * `socket:`, or a socket directory (`/var/run/postgresql db`). Anything else (`notaurl`, a
+ * `mysql://` URL) would fail later as a host named by its pieces.
+ */
 function isPostgresUrl(url: string): boolean {
-  try {
-    const u = new URL(url);
-    return u.protocol === 'postgres:' || u.protocol === 'postgresql:';
-  } catch {
-    return false;
-  }
+  return /^(postgres(ql)?:\/\/|socket:|\/)/i.test(url);
 }
 
 /** The zero-config default (SPEC §8): SQLite on disk and one upstream taken from the environment. */
@@ -232,8 +232,9 @@ export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env):
   } catch (err) {
     // The zero-config upstream's URL is the operator's OPENAI_BASE_URL: named as they set it.
     if (upstreamsRaw !== undefined && env.OPENAI_BASE_URL && err instanceof ConfigError && err.message.startsWith('upstreams[0].baseUrl: ')) {
+      // Not quoted: a URL refused for its credentials or query may hold a secret.
       const why = err.message.slice('upstreams[0].baseUrl: '.length).replace('(put a key in apiKeyEnv)', '(put the key in OPENAI_API_KEY)');
-      throw new ConfigError(`OPENAI_BASE_URL: "${env.OPENAI_BASE_URL}" ${why}`);
+      throw new ConfigError(`OPENAI_BASE_URL: ${why}`);
     }
     throw err;
   }

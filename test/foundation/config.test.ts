@@ -206,8 +206,10 @@ t.test('a relative prices.overrides is beside the config file, wherever the gate
 // An outside audit: the zero-config upstream's mistakes were named as a config file's field the
 // operator never wrote, and an empty OPENAI_BASE_URL counted as set.
 t.test('zero config: OPENAI_BASE_URL is named in its errors, and set but empty is unset', async (t) => {
-  t.equal(configError({}, { OPENAI_BASE_URL: 'localhost:8000/v1' }), 'OPENAI_BASE_URL: "localhost:8000/v1" must be a URL (http:// or https://)');
-  t.match(configError({}, { OPENAI_BASE_URL: 'https://x.example/v1?api-version=1' }), /^OPENAI_BASE_URL: "https:\/\/x\.example\/v1\?api-version=1" must be a URL without a query.*\(put the key in OPENAI_API_KEY\)/);
+  t.equal(configError({}, { OPENAI_BASE_URL: 'localhost:8000/v1' }), 'OPENAI_BASE_URL: must be a URL (http:// or https://)');
+  const secret = configError({}, { OPENAI_BASE_URL: 'https://me:sk-live-SECRET@x.example/v1?key=sk-live-SECRET' });
+  t.match(secret, /^OPENAI_BASE_URL: must be a URL without a query.*\(put the key in OPENAI_API_KEY\)/);
+  t.notMatch(secret, /SECRET/, 'the value is not quoted: it may hold a secret');
   const empty = parseConfig({}, { OPENAI_BASE_URL: '', OPENAI_API_KEY: 'sk-x' });
   t.equal(empty.upstreams[0]!.baseUrl, 'https://api.openai.com/v1');
   // A config file's own upstreams keep their own names in errors.
@@ -215,10 +217,19 @@ t.test('zero config: OPENAI_BASE_URL is named in its errors, and set but empty i
 });
 
 t.test('store.url must be a postgres:// URL (it failed later, as a host named "base")', async (t) => {
-  t.equal(configError({ store: { kind: 'postgres', url: 'notaurl' } }), 'store.url: must be a postgres:// URL such as postgres://user:password@host:5432/db');
-  t.equal(configError({ store: { kind: 'postgres', url: 'mysql://u@h/db' } }), 'store.url: must be a postgres:// URL such as postgres://user:password@host:5432/db');
-  t.equal(configError({ store: { kind: 'postgres' } }, { DATABASE_URL: 'notaurl' }), 'store.url: must be a postgres:// URL such as postgres://user:password@host:5432/db (from DATABASE_URL)');
-  for (const url of ['postgres://u:p@127.0.0.1:5432/db', 'postgresql://u@h/db', 'postgres:///db?host=/var/run/postgresql']) {
+  const rule = 'store.url: must be a postgres:// URL such as postgres://user:password@host:5432/db (or socket:, or a socket directory)';
+  t.equal(configError({ store: { kind: 'postgres', url: 'notaurl' } }), rule);
+  t.equal(configError({ store: { kind: 'postgres', url: 'mysql://u@h/db' } }), rule);
+  t.equal(configError({ store: { kind: 'postgres' } }, { DATABASE_URL: 'notaurl' }), `${rule} (from DATABASE_URL)`);
+  // Every form node-postgres reads (a review: an empty host with a user, a socket, were refused).
+  for (const url of [
+    'postgres://u:p@127.0.0.1:5432/db',
+    'postgresql://u@h/db',
+    'postgres:///db?host=/var/run/postgresql',
+    'postgres://tollgate:secret@/tollgate?host=/var/run/postgresql',
+    'socket:/var/run/postgresql?db=tollgate',
+    '/var/run/postgresql tollgate',
+  ]) {
     t.equal(parseConfig({ store: { kind: 'postgres', url } }, {}).store.kind, 'postgres', url);
   }
 });
