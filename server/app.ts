@@ -21,7 +21,6 @@ import { loadEncoders } from '../metering/tokenizers/index.js';
 import { PrefixMemo } from '../metering/prefix-memo.js';
 import { SettlementRetry } from './pipeline/settle-retry.js';
 import { KeySlots, registerSlotRelease } from './key-slots.js';
-import { isPattern } from '../pricing/cheaper-models.js';
 import { guardLedger, StoreFailures } from './ledger-guard.js';
 import { PriceTable } from '../pricing/price-table.js';
 import { registerJsonBodyParser } from './body.js';
@@ -225,14 +224,15 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   for (const u of config.upstreams) {
     if (u.apiKeyEnv && !env[u.apiKeyEnv]) app.log.warn({ upstream: u.name, apiKeyEnv: u.apiKeyEnv }, 'the upstream\'s API key variable is not set: its requests go without a key');
   }
-  // Models an upstream lists that an earlier one takes (routing is first match, in order): said at
-  // start, as nothing else would show that requests never reach it.
+  // Models an upstream lists that an earlier upstream lists too (the same name or pattern: the
+  // first in the config routes): said at start, as nothing else would show that requests for them
+  // never reach it.
+  const shadowed = upstreams.shadowed();
   for (const [at, u] of upstreams.list.entries()) {
-    const catchAll = upstreams.list.slice(0, at).find((earlier) => earlier.config.models.includes('*'));
-    const shadowed = u.config.models.filter((m) => (isPattern(m) ? catchAll !== undefined : upstreams.route(m) !== u));
-    if (shadowed.length > 0) {
-      const takenBy = [...new Set(shadowed.map((m) => (isPattern(m) ? catchAll!.name : upstreams.route(m)?.name)))];
-      app.log.warn({ upstream: u.name, models: shadowed, routedTo: takenBy }, `upstreams[${at}] ("${u.name}"): an earlier upstream takes these of its models (the first match routes): requests for them never reach it`);
+    const mine = shadowed.filter((s) => s.upstream === u);
+    if (mine.length > 0) {
+      const takenBy = [...new Set(mine.map((s) => s.takenBy.name))];
+      app.log.warn({ upstream: u.name, models: mine.map((s) => s.model), routedTo: takenBy }, `upstreams[${at}] ("${u.name}"): an earlier upstream lists these of its models too, and takes them: requests for them never reach it`);
     }
   }
   // A run budget below the default allowance refuses every request that names no max_tokens.

@@ -77,6 +77,20 @@ export class UpstreamRegistry {
     return this.matchers.find((m) => m.re.test(model))?.upstream ?? null;
   }
 
+  /**
+   * Model entries that never route to their upstream: one that an entry as specific and earlier in
+   * the config already has — the same name, or the same pattern. (Narrower overlaps route by
+   * specificity, and both upstreams serve something.)
+   */
+  shadowed(): Array<{ upstream: Upstream; model: string; takenBy: Upstream }> {
+    const out: Array<{ upstream: Upstream; model: string; takenBy: Upstream }> = [];
+    for (const [at, m] of this.matchers.entries()) {
+      const first = this.matchers.findIndex((other) => other.pattern === m.pattern);
+      if (first < at && this.matchers[first]!.upstream !== m.upstream) out.push({ upstream: m.upstream, model: m.pattern, takenBy: this.matchers[first]!.upstream });
+    }
+    return out;
+  }
+
   /** Exact (non-pattern) model names configured, with their upstream. */
   namedModels(): Array<{ model: string; upstream: Upstream }> {
     return this.matchers.filter((m) => m.exact).map((m) => ({ model: m.pattern, upstream: m.upstream }));

@@ -321,6 +321,7 @@ t.test('the start warns of models an earlier upstream takes, and of run budgets 
         openaiUpstream(upstream.url, { name: 'b', models: ['gpt-4o', 'o3'], billing: 'local' }),
         openaiUpstream(upstream.url, { name: 'c', models: ['*'], billing: 'local' }),
         openaiUpstream(upstream.url, { name: 'd', models: ['*', 'claude-x', 'gpt-4o'], billing: 'local' }),
+        openaiUpstream(upstream.url, { name: 'e', models: ['gpt-*', 'claude-*'], billing: 'local' }),
       ],
       runs: { tokenBudget: 2000 },
       logging: { level: 'warn' },
@@ -328,12 +329,16 @@ t.test('the start warns of models an earlier upstream takes, and of run budgets 
     { logStream },
   );
   const lines = output.trim().split('\n').map((l) => JSON.parse(l) as Line);
-  const shadow = (name: string) => lines.find((l) => l.upstream === name && String(l.msg).includes('an earlier upstream takes'));
-  // Exact names route before patterns: b's names are its own, and c serves what the rest do not.
+  const shadow = (name: string) => lines.find((l) => l.upstream === name && String(l.msg).includes('an earlier upstream lists these'));
+  // The most specific entry routes (exact names, then longer patterns): b's names are its own, and
+  // c's catch-all serves what the rest do not; d's `*` and `gpt-4o` are c's and b's.
   t.notOk(shadow('b'));
   t.notOk(shadow('c'));
-  t.same(shadow('d')?.models, ['*', 'gpt-4o'], "d's pattern goes to c's catch-all, its gpt-4o to b; claude-x is its own");
-  t.same(shadow('d')?.routedTo, ['c', 'b']);
+  t.same(shadow('d')?.models, ['gpt-4o', '*'], "claude-x is d's own");
+  t.same(shadow('d')?.routedTo, ['b', 'c']);
+  // A review: a pattern after a catch-all is not shadowed when it is more specific (it routes first).
+  t.notOk(lines.some((l) => l.upstream === 'a' && String(l.msg).includes('an earlier upstream lists these')));
+  t.same([shadow('e')?.models, shadow('e')?.routedTo], [['gpt-*'], ['a']], "e's claude-* routes to it, past c's catch-all");
   t.match(lines.find((l) => String(l.msg).startsWith('runs.tokenBudget is below defaults.maxTokens')), { 'runs.tokenBudget': 2000, 'defaults.maxTokens': 4096 });
   const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', messages: [{ role: 'user', content: 'hello' }] }) });
   t.equal(res.status, 402);
