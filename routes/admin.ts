@@ -60,11 +60,12 @@ const ISO_TIME = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{
  * there must not look as if it applied, least of all to a deletion.
  */
 function onlyQuery(query: unknown, allowed: readonly string[]): void {
-  for (const name of Object.keys((query ?? {}) as Record<string, unknown>)) {
+  for (const [name, value] of Object.entries((query ?? {}) as Record<string, unknown>)) {
     if (!allowed.includes(name)) {
       const takes = allowed.length === 0 ? 'this route takes no query parameters' : `this route takes ${allowed.join(', ')}`;
       throw new GatewayError('invalid_request', `${name}: unknown query parameter (${takes}); nothing was done`, {}, name);
     }
+    if (Array.isArray(value)) throw new GatewayError('invalid_request', `${name}: given ${value.length} times, give it once; nothing was done`, {}, name);
   }
 }
 
@@ -133,6 +134,10 @@ const route: FastifyPluginAsync = async (app) => {
   // admin token, checked before its body is read. Not decided from `request.url`: that is the raw
   // request target, which `/%61dmin/…` or an absolute `http://host/admin/…` also routes here.
   app.addHook('onRequest', requireAdmin);
+  // Then its query: only the parameters the route names (`config.query`), each once.
+  app.addHook('preValidation', async (request) => {
+    onlyQuery(request.query, (request.routeOptions.config as { query?: readonly string[] }).query ?? []);
+  });
   const ledger = () => app.gateway.ledger;
 
   app.post('/admin/tenants', async (request, reply) => {
@@ -187,14 +192,12 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   // What exists, for an operator who has lost an id (a key can be revoked only by its id).
-  app.get('/admin/tenants', async (request) => {
-    onlyQuery(request.query, []);
+  app.get('/admin/tenants', async () => {
     const tenants = await ledger().listTenants();
     return { tenants: tenants.map((t) => ({ id: t.id, monthly_budget_usd: t.monthlyBudgetUsd })) };
   });
 
-  app.get<{ Querystring: { tenant?: string } }>('/admin/keys', async (request) => {
-    onlyQuery(request.query, ['tenant']);
+  app.get<{ Querystring: { tenant?: string } }>('/admin/keys', { config: { query: ['tenant'] } }, async (request) => {
     const tenant = request.query.tenant;
     if (tenant !== undefined && !(TENANT_ID.test(tenant) && (await ledger().getTenant(tenant)))) throw new GatewayError('not_found', `no tenant "${tenant}"`);
     // The config file's keys (revoked by editing it) and the operator API's (revoked here).
@@ -239,8 +242,7 @@ const route: FastifyPluginAsync = async (app) => {
     return { ...spendView(s), tenant: s.tenant || null, parent: s.parent };
   });
 
-  app.get<{ Params: { id: string }; Querystring: { month?: string } }>('/admin/tenants/:id/spend', async (request) => {
-    onlyQuery(request.query, ['month']);
+  app.get<{ Params: { id: string }; Querystring: { month?: string } }>('/admin/tenants/:id/spend', { config: { query: ['month'] } }, async (request) => {
     const tenant = TENANT_ID.test(request.params.id) ? await ledger().getTenant(request.params.id) : null;
     if (!tenant) throw new GatewayError('not_found', `no tenant "${request.params.id}"`);
     const month = request.query.month ?? monthOf(app.gateway.clock());
@@ -262,8 +264,7 @@ const route: FastifyPluginAsync = async (app) => {
   // spend, budgets and caps keep their own counters and do not change. Then what the rows leave
   // behind: conversation heads last moved, and runs started, before `until` and more than a day
   // ago (ADR 0005). Conversations themselves stay (owners, caps, spend).
-  app.delete<{ Querystring: { until?: string } }>('/admin/ledger', async (request) => {
-    onlyQuery(request.query, ['until']);
+  app.delete<{ Querystring: { until?: string } }>('/admin/ledger', { config: { query: ['until'] } }, async (request) => {
     const until = timeParam(request.query.until, 'until');
     if (until === null) throw new GatewayError('invalid_request', 'until: required: the rows of requests before this time are deleted', {}, 'until');
     // Deletion cannot be undone: a time to come (2099 for "everything") is refused, not read as now.
@@ -298,8 +299,7 @@ const route: FastifyPluginAsync = async (app) => {
     return { deleted, heads_deleted: history.heads, runs_deleted: history.runs, until: new Date(until).toISOString() };
   });
 
-  app.get<{ Querystring: { since?: string; until?: string; by?: string } }>('/admin/ledger', async (request, reply) => {
-    onlyQuery(request.query, ['since', 'until', 'by']);
+  app.get<{ Querystring: { since?: string; until?: string; by?: string } }>('/admin/ledger', { config: { query: ['since', 'until', 'by'] } }, async (request, reply) => {
     const since = timeParam(request.query.since, 'since');
     const until = timeParam(request.query.until, 'until');
     if (since !== null && until !== null && since > until) {

@@ -106,6 +106,18 @@ t.test('the operator lists tenants and keys (ids, never keys), and is told when 
   t.equal((await call(gw.url, 'GET', '/admin/keys?tenant=nobody', ADMIN)).status, 404);
   t.equal((await call(gw.url, 'GET', '/admin/keys?tennant=dave', ADMIN)).status, 400, 'a misspelt filter is no filter');
   t.equal((await call(gw.url, 'GET', '/admin/keys', { authorization: `Bearer ${ALICE}` })).status, 403);
+  // A review: every operator route refuses a query parameter it does not take, before it acts.
+  const id = (made.body as { id: string }).id;
+  const dry = await call(gw.url, 'DELETE', `/admin/keys/${id}?dry_run=true`, ADMIN);
+  t.equal(dry.status, 400);
+  t.match(dry.body, { error: { param: 'dry_run', message: 'dry_run: unknown query parameter (this route takes no query parameters); nothing was done' } });
+  t.equal((await chat(gw, (made.body as { key: string }).key, ask)).status, 200, 'the key was not revoked');
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/conv-q/cap?tenant=dave', ADMIN, { cap_usd: 1 })).status, 400, 'an owner given in the query is not taken for one');
+  t.equal((await call(gw.url, 'POST', '/admin/tenants?monthly_budget_usd=5', ADMIN, { id: 'fred' })).status, 400);
+  const twice = await call(gw.url, 'GET', '/admin/keys?tenant=dave&tenant=erin', ADMIN);
+  t.equal(twice.status, 400);
+  t.match(twice.body, { error: { param: 'tenant', message: 'tenant: given 2 times, give it once; nothing was done' } });
+  t.equal((await call(gw.url, 'DELETE', `/admin/keys/${id}?dry_run=true`, {})).status, 401, 'the token first');
 });
 
 t.test('the ledger exports as NDJSON, one row per request, between since and until', async (t) => {
