@@ -42,7 +42,7 @@ export function reservationOf(plan: Plan): Reservation {
   };
 }
 
-export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan): GatewayError {
+export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan, defaultMaxTokens: number): GatewayError {
   const whole = limit !== null && needed > limit;
   // A prompt count still an upper bound here could not be made exact (ADR 0019), or counts images
   // at the most they can cost (ADR 0022): say so, and why.
@@ -53,8 +53,9 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
     ...(rows.imageBound ? ['images counted at the most they can cost'] : []),
   ];
   const why = rows.upperBound ? ` (the prompt is an upper bound: ${causes.join('; ')})` : '';
-  // An allowance the client did not name is the gateway's default: said, so that the fix is plain.
-  const output = plan.valid.maxTokens === null && plan.valid.kind !== 'embeddings' ? `max output ${plan.allowance}: defaults.maxTokens, as the request named no max_tokens` : `max output ${plan.allowance}`;
+  // An allowance the client did not name is the gateway's default (per choice, or per row and
+  // choice): said, so that the fix is plain.
+  const output = `max output ${plan.allowance}${defaultAllowanceWhy(plan, defaultMaxTokens)}`;
   const message = whole
     ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), more than the run's whole budget of ${limit} tokens${why}`
     : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;
@@ -133,9 +134,18 @@ function keepError(r: Extract<AdmitRefusal, { scope: 'keep' }>, plan: Plan): Gat
   );
 }
 
+/** Where an allowance the request did not name came from, for a refusal's message ('' when it named one). */
+function defaultAllowanceWhy(plan: Plan, defaultMaxTokens: number): string {
+  if (plan.valid.maxTokens !== null || plan.valid.kind === 'embeddings' || plan.perChoiceAllowance <= 0) return '';
+  const per = plan.perChoiceAllowance;
+  const times = plan.allowance / per;
+  const each = per === defaultMaxTokens ? `defaults.maxTokens ${per}` : `${per}, the default cut to what the model's window leaves`;
+  return `: ${each}${times > 1 ? ` × ${times}` : ''}, as the request named no max_tokens`;
+}
+
 /** The error a refused admission answers with (the real request and /v1/admission alike). */
 export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Promise<GatewayError> {
-  if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan);
+  if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan, gw.config.defaults.maxTokens);
   if (r.scope === 'keep') return keepError(r, plan);
   if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
   if (r.scope === 'owner') return ownerError(r.conversation, r.conversation === plan.conversation ? 'x-tollgate-conversation' : 'x-tollgate-parent');
@@ -150,7 +160,7 @@ export async function unpricedUnderLimit(gw: Gateway, plan: Plan): Promise<boole
 /** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
 export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
   if (plan.tokenRefusal) {
-    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan);
+    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan, gw.config.defaults.maxTokens);
   }
   if (await unpricedUnderLimit(gw, plan)) {
     const r = modelNotPriced(plan.model);

@@ -342,5 +342,8 @@ t.test('the start warns of models an earlier upstream takes, and of run budgets 
   t.match(lines.find((l) => String(l.msg).startsWith('runs.tokenBudget is below defaults.maxTokens')), { 'runs.tokenBudget': 2000, 'defaults.maxTokens': 4096 });
   const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', messages: [{ role: 'user', content: 'hello' }] }) });
   t.equal(res.status, 402);
-  t.match(((await res.json()) as { error: { message: string } }).error.message, /\+ max output 4096: defaults\.maxTokens, as the request named no max_tokens\), more than the run's whole budget of 2000 tokens$/);
+  t.match(((await res.json()) as { error: { message: string } }).error.message, /\+ max output 4096: defaults\.maxTokens 4096, as the request named no max_tokens\), more than the run's whole budget of 2000 tokens$/);
+  // A review: with n = 2 the figure is twice the default, and says so.
+  const two = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', n: 2, messages: [{ role: 'user', content: 'hello' }] }) });
+  t.match(((await two.json()) as { error: { message: string } }).error.message, /\+ max output 8192: defaults\.maxTokens 4096 × 2, as the request named no max_tokens\)/);
 });
