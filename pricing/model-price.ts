@@ -71,9 +71,13 @@ export function worstOutputMtok(price: ModelPrice, inputTokens: number): number 
   return Math.max(ratesAt(price, inputTokens).output, price.outputAudioMtok ?? 0);
 }
 
-/** Blended list price used to compare models: input + output USD per Mtok (ADR 0006). */
+/**
+ * Blended list price used to compare models: input + output USD per Mtok (ADR 0006), output at its
+ * worst (audio) rate as admission reserves it — a model whose text is cheap but whose audio is dear
+ * is no cheaper choice.
+ */
 export function blendedMtok(price: ModelPrice): number {
-  return price.inputMtok + price.outputMtok;
+  return price.inputMtok + Math.max(price.outputMtok, price.outputAudioMtok ?? 0);
 }
 
 /**

@@ -55,6 +55,9 @@ function priceView(p: ModelPrice | null) {
     input_mtok: p.inputMtok,
     cache_read_mtok: p.cacheReadMtok,
     output_mtok: p.outputMtok,
+    // Audio's own rates, where the price has them: the worst case reserves output at the dearer.
+    ...(p.inputAudioMtok != null ? { input_audio_mtok: p.inputAudioMtok } : {}),
+    ...(p.outputAudioMtok != null ? { output_audio_mtok: p.outputAudioMtok } : {}),
     source: p.reference ?? p.source,
     origin: p.source,
     date: p.date,

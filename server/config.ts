@@ -200,7 +200,18 @@ function readStore(r: Reader, env: NodeJS.ProcessEnv): StoreConfig {
  * `mysql://` URL) would fail later as a host named by its pieces.
  */
 function isPostgresUrl(url: string): boolean {
-  return /^(postgres(ql)?:\/\/|socket:|\/)/i.test(url);
+  if (/^(socket:|\/)/i.test(url)) return true;
+  if (!/^postgres(ql)?:\/\//i.test(url)) return false;
+  // And it parses, as node-postgres parses it: an empty host after credentials is read with a stand-in.
+  for (const candidate of [url, url.replace(/@\//, '@localhost/')]) {
+    try {
+      new URL(candidate);
+      return true;
+    } catch {
+      // try the next reading
+    }
+  }
+  return false;
 }
 
 /** The zero-config default (SPEC §8): SQLite on disk and one upstream taken from the environment. */

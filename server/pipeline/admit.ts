@@ -139,7 +139,8 @@ function defaultAllowanceWhy(plan: Plan, defaultMaxTokens: number): string {
   if (plan.valid.maxTokens !== null || plan.valid.kind === 'embeddings' || plan.perChoiceAllowance <= 0) return '';
   const per = plan.perChoiceAllowance;
   const times = plan.allowance / per;
-  const each = per === defaultMaxTokens ? `defaults.maxTokens ${per}` : `${per}, the default cut to what the model's window leaves`;
+  const cutBy = plan.mode === 'final-answer' ? "the run's budget and the model's window leave" : "the model's window leaves";
+  const each = per === defaultMaxTokens ? `defaults.maxTokens ${per}` : `${per}, the default cut to what ${cutBy}`;
   return `: ${each}${times > 1 ? ` × ${times}` : ''}, as the request named no max_tokens`;
 }
 

@@ -233,3 +233,9 @@ t.test('store.url must be a postgres:// URL (it failed later, as a host named "b
     t.equal(parseConfig({ store: { kind: 'postgres', url } }, {}).store.kind, 'postgres', url);
   }
 });
+
+t.test('store.url with the right start that does not parse is refused at start (it crashed with a stack)', async (t) => {
+  for (const url of ['postgres://h:99999/db', 'postgres://[::1/db']) {
+    t.match(configError({ store: { kind: 'postgres', url } }), /^store\.url: must be a postgres:\/\/ URL/, url);
+  }
+});

@@ -347,3 +347,18 @@ t.test('the start warns of models an earlier upstream takes, and of run budgets 
   const two = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', n: 2, messages: [{ role: 'user', content: 'hello' }] }) });
   t.match(((await two.json()) as { error: { message: string } }).error.message, /\+ max output 8192: defaults\.maxTokens 4096 × 2, as the request named no max_tokens\)/);
 });
+
+t.test("a final answer's unnamed allowance, cut to the run's budget, is said so in the token 402", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { billing: 'local', contextWindow: 400000 })], runs: { tokenBudget: 100, answerReserveTokens: 50 } });
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }];
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'gpt-4o', tools, messages: [{ role: 'user', content: 'word '.repeat(200) }] }),
+  });
+  t.equal(res.status, 402);
+  t.match(((await res.json()) as { error: { message: string } }).error.message, /max output 1: 1, the default cut to what the run's budget and the model's window leave, as the request named no max_tokens/);
+  t.equal(upstream.requests.length, 0);
+});

@@ -481,6 +481,7 @@ t.test('admission reserves output at the audio rate where it is dearer: a money 
   t.equal(((await refused.json()) as { error: { code: string } }).error.code, 'monthly_budget_reached');
   const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: body }) })).json()) as { max_affordable_allowance: number };
   t.ok(plan.max_affordable_allowance < 782, `at most $0.05 / $64 per Mtok of output: ${plan.max_affordable_allowance}`);
+  t.match((plan as unknown as { cost_usd: { price: Json } }).cost_usd.price, { output_mtok: 10, input_audio_mtok: 32, output_audio_mtok: 64 }, 'the plan shows the rates its worst case used');
   const over = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { ...body, max_tokens: plan.max_affordable_allowance + 1 } }) });
   t.equal(((await over.json()) as { verdict: { status: number } }).verdict.status, 402, 'one more is not');
   const fits = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ ...body, max_tokens: plan.max_affordable_allowance }) });

@@ -93,3 +93,11 @@ t.test('an embeddings request is offered embedding models alone; a chat request 
   const embeddings = cheaperModels({ model: 'text-embedding-3-large', price: p(0.13, 0), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2, embeddings: true });
   t.same(embeddings.map((c) => c.model), ['nomic-embed-text', 'text-embedding-3-small']);
 });
+
+// A review: gpt-audio-mini's text is a fifth of gpt-4o's price, its audio output twice gpt-4o's
+// output: admission reserves the audio rate, so it was offered as cheaper and then reserved more.
+t.test('a model whose audio output is dear is not offered as cheaper: prices compare at the worst output rate', async (t) => {
+  const cands: ModelCandidate[] = [{ model: 'audio-mini', upstream: 'openai', billing: 'metered', tools: true, price: { ...p(0.6, 2.4), outputAudioMtok: 20 } }];
+  t.same(cheaperModels({ model: 'big', price: p(2.5, 10), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 1 }), []);
+  t.same(cheaperModels({ model: 'big', price: p(2.5, 10), candidates: [{ ...cands[0]!, price: p(0.6, 2.4) }], offersTools: false, scope: 'conversation', limitUsd: 1 }).map((c) => c.model), ['audio-mini'], 'without its audio rate it would be');
+});
