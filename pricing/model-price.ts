@@ -77,7 +77,7 @@ export function worstOutputMtok(price: ModelPrice, inputTokens: number): number 
  * is no cheaper choice.
  */
 export function blendedMtok(price: ModelPrice): number {
-  return price.inputMtok + Math.max(price.outputMtok, price.outputAudioMtok ?? 0);
+  return price.inputMtok + worstOutputMtok(price, 0);
 }
 
 /**

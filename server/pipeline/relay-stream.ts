@@ -143,9 +143,9 @@ export async function relayStream(
     return { ...chunk, choices: [plan.valid.kind === 'chat' ? { ...choice, delta: { content: text } } : { ...choice, text }] };
   };
 
-  // The client asked for usage figures in every chunk (vLLM's `stream_options.continuous_usage_stats`).
+  // The client asked for usage figures in every chunk (vLLM's `stream_options.continuous_usage_stats`), and for usage.
   const streamOptions = plan.valid.body.stream_options;
-  const continuousUsage = isObject(streamOptions) && streamOptions.continuous_usage_stats === true;
+  const everyChunk = isObject(streamOptions) && streamOptions.continuous_usage_stats === true && plan.valid.includeUsage;
   /** The stream's id, model and created have been taken from a chunk that carries a real id. */
   let metaTaken = false;
   /** A chunk with choices was parsed: its metadata is the stream's, real id or not. */
@@ -252,7 +252,6 @@ export async function relayStream(
     // answer's usage, which the gateway sends once, in its own usage chunk at the end (llama.cpp
     // writes its usage and timings into a completion's finishing chunk; passed on, the client had
     // the usage twice).
-    const everyChunk = continuousUsage && plan.valid.includeUsage;
     let untouched = oneLine && !filter && !redacted && (usage === undefined || (usage === null && plan.valid.includeUsage) || (isObject(usage) && everyChunk)) && timings === undefined;
     let visible = false;
     const sentChoices = redacted && isObject(sent) && Array.isArray(sent.choices) ? sent.choices : choices;
