@@ -35,6 +35,8 @@ export interface CheaperModelsInput {
   limitUsd: number;
   /** The refused request is for embeddings: only embedding models are offered (else none are). */
   embeddings?: boolean;
+  /** The refused request may be answered in audio: models compare at their audio output rates. */
+  audioOutput: boolean;
 }
 
 /** A metered model is offered only at a third of the current model's blended price or less. */
@@ -77,30 +79,32 @@ export function roomPastCapUsd(input: {
   /** The models the conversation has spent money on, with what each spent. */
   spentBy: Record<string, { spentUsd: number }>;
   lookup: (model: string) => ModelPrice | null;
+  /** The request may be answered in audio: models compare at their audio output rates. */
+  audioOutput: boolean;
 }): number {
-  const { model, price, capUsd } = input;
+  const { model, price, capUsd, audioOutput } = input;
   if (price === null || capUsd === null) return 0;
-  const own = blendedMtok(price);
+  const own = blendedMtok(price, audioOutput);
   const dearer = Object.entries(input.spentBy).some(([other, s]) => {
     if (other === model || !(s.spentUsd > 0)) return false;
     const p = input.lookup(other);
-    return p !== null && own <= blendedMtok(p) * METERED_PRICE_RATIO + 1e-12;
+    return p !== null && own <= blendedMtok(p, audioOutput) * METERED_PRICE_RATIO + 1e-12;
   });
   return dearer ? meteredAllowanceUsd(capUsd) : 0;
 }
 
 export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
-  const { model, price, candidates, offersTools, scope, limitUsd } = input;
+  const { model, price, candidates, offersTools, scope, limitUsd, audioOutput } = input;
   // Metered choices spend money, so they are offered only where a little room can be given:
   // at a conversation's own cap. Not at the month (the money is gone) nor at a parent's cap
   // (a child cannot be given room its parent's cap does not have).
-  const meteredCeiling = scope === 'conversation' && price ? blendedMtok(price) * METERED_PRICE_RATIO : null;
+  const meteredCeiling = scope === 'conversation' && price ? blendedMtok(price, audioOutput) * METERED_PRICE_RATIO : null;
 
   const embeddings = input.embeddings === true;
   const eligible = candidates.filter((c) => {
     if (c.model === model || isPattern(c.model) || isEmbeddingModel(c.model) !== embeddings) return false;
     if (c.billing !== 'metered') return true;
-    return meteredCeiling !== null && c.price !== null && blendedMtok(c.price) <= meteredCeiling + 1e-12;
+    return meteredCeiling !== null && c.price !== null && blendedMtok(c.price, audioOutput) <= meteredCeiling + 1e-12;
   });
 
   const ranked = eligible
@@ -110,7 +114,7 @@ export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
       if (group !== 0) return group;
       if (offersTools && a.c.tools !== b.c.tools) return a.c.tools ? -1 : 1;
       if (a.c.billing === 'metered') {
-        const cheaper = blendedMtok(a.c.price!) - blendedMtok(b.c.price!);
+        const cheaper = blendedMtok(a.c.price!, audioOutput) - blendedMtok(b.c.price!, audioOutput);
         if (cheaper !== 0) return cheaper;
       }
       return a.index - b.index; // otherwise keep the operator's configuration order

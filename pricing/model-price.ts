@@ -63,21 +63,23 @@ export function ratesAt(price: ModelPrice, inputTokens: number): Rates {
 }
 
 /**
- * The most an output token can cost: the output rate, or the audio output rate where the price has
- * one and it is higher — admission cannot know whether a model will answer in audio, and reserves
- * its worst case (SPEC §6).
+ * The most an output token can cost: the output rate, or — for a request that may be answered in
+ * audio (`audioOutput`, see `mayAnswerInAudio`) — the audio output rate where the price has one and
+ * it is higher. Admission reserves this worst case (SPEC §6); a request that asked for text alone
+ * cannot be answered in audio, and is not reserved as if it could.
  */
-export function worstOutputMtok(price: ModelPrice, inputTokens: number): number {
-  return Math.max(ratesAt(price, inputTokens).output, price.outputAudioMtok ?? 0);
+export function worstOutputMtok(price: ModelPrice, inputTokens: number, audioOutput: boolean): number {
+  const text = ratesAt(price, inputTokens).output;
+  return audioOutput ? Math.max(text, price.outputAudioMtok ?? 0) : text;
 }
 
 /**
- * Blended list price used to compare models: input + output USD per Mtok (ADR 0006), output at its
- * worst (audio) rate as admission reserves it — a model whose text is cheap but whose audio is dear
- * is no cheaper choice.
+ * Blended list price used to compare models: input + output USD per Mtok (ADR 0006), output at the
+ * rate admission would reserve it for the request at hand — for one that may be answered in audio,
+ * a model whose text is cheap but whose audio is dear is no cheaper choice.
  */
-export function blendedMtok(price: ModelPrice): number {
-  return price.inputMtok + worstOutputMtok(price, 0);
+export function blendedMtok(price: ModelPrice, audioOutput: boolean): number {
+  return price.inputMtok + worstOutputMtok(price, 0, audioOutput);
 }
 
 /**

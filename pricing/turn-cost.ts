@@ -112,15 +112,17 @@ export interface WorstCaseInput {
   promptTokens: number;
   /** The whole output allowance. */
   allowance: number;
+  /** The request may be answered in audio (`mayAnswerInAudio`): output at the dearer audio rate. */
+  audioOutput: boolean;
 }
 
 /**
  * Worst-case USD admission reserves: whole prompt uncached + whole allowance at list price — at the
- * audio output rate where the model has a dearer one (it may answer in audio).
+ * audio output rate where the model has a dearer one and the request asked for audio.
  */
-export function worstCaseUsd({ price, promptTokens, allowance }: WorstCaseInput): number | null {
+export function worstCaseUsd({ price, promptTokens, allowance, audioOutput }: WorstCaseInput): number | null {
   if (!price) return null;
   const prompt = validCount(promptTokens);
   const r = ratesAt(price, prompt);
-  return roundUsd(tokensUsd(prompt, r.input) + tokensUsd(validCount(allowance), worstOutputMtok(price, prompt)));
+  return roundUsd(tokensUsd(prompt, r.input) + tokensUsd(validCount(allowance), worstOutputMtok(price, prompt, audioOutput)));
 }

@@ -110,6 +110,7 @@ export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusa
       scope: r.scope,
       limitUsd: r.limitUsd,
       embeddings: plan.valid.kind === 'embeddings',
+      audioOutput: plan.audioOutput,
     }),
   });
   return new GatewayError(refusal.code, refusal.message, refusal.details, refusal.param);

@@ -47,7 +47,7 @@ export async function conversationFamily(gw: Gateway, plan: Plan) {
 /** The room past its conversation's own cap a request on a cheaper model has (`roomPastCapUsd`). */
 export function capRoomOf(gw: Gateway, plan: Plan, spend: ConversationSpend | null): number {
   if (plan.upstream.billing !== 'metered' || plan.worstCaseUsd === null || spend === null) return 0;
-  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m) });
+  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m), audioOutput: plan.audioOutput });
 }
 
 export async function budgetsOf(gw: Gateway, plan: Plan) {
@@ -121,13 +121,14 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
     const promptTokens = worstPromptTokens(plan.rows);
     const rates = ratesAt(plan.price, promptTokens);
-    // Output at its worst rate, as admission reserves it (an audio rate above the text one).
-    const outputMtok = worstOutputMtok(plan.price, promptTokens);
+    // Output at its worst rate, as admission reserves it (an audio rate above the text one, for a
+    // request that may be answered in audio).
+    const outputMtok = worstOutputMtok(plan.price, promptTokens, plan.audioOutput);
     // A prediction's tokens are output the request may be billed for whatever its max_tokens.
     const promptUsd = (promptTokens * rates.input + plan.predictionTokens * outputMtok) / 1e6;
     // What admission would reserve for a given max_tokens, computed as admission computes it.
     const price = plan.price;
-    const cost = (n: number) => worstCaseUsd({ price, promptTokens, allowance: n * per + plan.predictionTokens }) ?? 0;
+    const cost = (n: number) => worstCaseUsd({ price, promptTokens, allowance: n * per + plan.predictionTokens, audioOutput: plan.audioOutput }) ?? 0;
     for (const h of held) {
       if (outputMtok <= 0) {
         limits.push(Number.MAX_SAFE_INTEGER);

@@ -65,6 +65,17 @@ export function planCountMethod<M extends string>(method: M, valid: Pick<ValidRe
   return method;
 }
 
+/**
+ * The request may be answered in audio: a chat request whose `modalities` name `"audio"`, or that
+ * sets the `audio` output parameters. OpenAI answers in text alone otherwise (`modalities` defaults
+ * to `["text"]`), so only such a request is reserved at a model's audio output rate (ADR 0022).
+ */
+export function mayAnswerInAudio(valid: Pick<ValidRequest, 'kind' | 'body'>): boolean {
+  if (valid.kind !== 'chat') return false;
+  const { modalities, audio } = valid.body;
+  return (Array.isArray(modalities) && modalities.includes('audio')) || isObject(audio);
+}
+
 function invalid(param: string, message: string): never {
   throw new GatewayError('invalid_request', `${param}: ${message}`, {}, param);
 }

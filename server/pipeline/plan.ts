@@ -7,7 +7,7 @@ import { GatewayError, stoppedByShutdown } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
-import { planCountMethod, type ValidRequest } from './endpoints.js';
+import { mayAnswerInAudio, planCountMethod, type ValidRequest } from './endpoints.js';
 import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, type TokenCounter } from '../../metering/types.js';
 import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
@@ -76,6 +76,8 @@ export interface Plan {
   /** Run-token refusal decided while planning (the atomic check happens again at admission). */
   tokenRefusal: { remainingTokens: number; neededTokens: number } | null;
   price: ModelPrice | null;
+  /** The request may be answered in audio (`mayAnswerInAudio`): its output is reserved at the audio rate. */
+  audioOutput: boolean;
   worstCaseUsd: number | null;
   /**
    * Tokens of a chat request's `prediction` (Predicted Outputs): the part the model does not use is
@@ -558,7 +560,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const worstPrompt = worstPromptTokens(rows);
   const priced = upstream.billing === 'metered' && !excerptOnly ? price : null;
   const predicted = priced && valid.body.prediction != null ? await predictionTokens(gw, upstream, valid) : 0;
-  const worst = priced ? worstCaseUsd({ price: priced, promptTokens: worstPrompt, allowance: rows.allowance + predicted }) : null;
+  const audioOutput = mayAnswerInAudio({ kind: valid.kind, body: forwardBody });
+  const worst = priced ? worstCaseUsd({ price: priced, promptTokens: worstPrompt, allowance: rows.allowance + predicted, audioOutput }) : null;
 
   return {
     id: `req-${uuidV7()}`,
@@ -591,6 +594,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     finalReason,
     tokenRefusal,
     price,
+    audioOutput,
     worstCaseUsd: worst,
     predictionTokens: predicted,
     month: monthOf(time),

@@ -467,14 +467,28 @@ t.test("a turn's audio tokens are priced at the model's audio rates", async (t) 
   t.equal(Number(headers.get('x-tollgate-cost-usd')), row!.cost_usd);
 });
 
-// A review: audio output was priced at its audio rate, but admission reserved the text rate, so a
-// $0.05 budget let one gpt-audio turn spend $0.26.
-t.test('admission reserves output at the audio rate where it is dearer: a money limit holds', async (t) => {
-  const upstream = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...ID, object: 'chat.completion', model: 'gpt-audio', choices: [{ index: 0, message: { role: 'assistant', content: 'x' }, finish_reason: 'length' }], usage: { prompt_tokens: 10, completion_tokens: 700, total_tokens: 710, completion_tokens_details: { audio_tokens: 700 } } })));
+// An upstream that answers as OpenAI does: in audio (700 audio tokens) only when the request asked
+// for it with `modalities`, in 700 tokens of text otherwise.
+async function audioUpstream(t: Test): Promise<string> {
+  const upstream = createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c: Buffer) => (raw += c));
+    req.on('end', () => {
+      const audio = ((JSON.parse(raw) as { modalities?: string[] }).modalities ?? []).includes('audio');
+      const usage = { prompt_tokens: 10, completion_tokens: 700, total_tokens: 710, completion_tokens_details: { audio_tokens: audio ? 700 : 0 } };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...ID, object: 'chat.completion', model: 'gpt-audio', choices: [{ index: 0, message: { role: 'assistant', content: 'x' }, finish_reason: 'length' }], usage }));
+    });
+  });
   await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
   t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)], auth: { keys: [{ key: 'tg-audio', tenant: 'audio', monthlyBudgetUsd: 0.05 }] } });
-  const body = { ...ask(), model: 'gpt-audio', max_tokens: 4000 };
+  return `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
+}
+
+// A review: audio output was priced at its audio rate, but admission reserved the text rate, so a
+// $0.05 budget let one gpt-audio turn spend $0.26.
+t.test('a request that asks for audio is reserved at the audio output rate where it is dearer: a money limit holds', async (t) => {
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(await audioUpstream(t))], auth: { keys: [{ key: 'tg-audio', tenant: 'audio', monthlyBudgetUsd: 0.05 }] } });
+  const body = { ...ask(), model: 'gpt-audio', max_tokens: 4000, modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } };
   const headers = { 'content-type': 'application/json', authorization: 'Bearer tg-audio' };
   const refused = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify(body) });
   t.equal(refused.status, 402, '4,000 tokens at $64/M is past $0.05');
@@ -486,4 +500,28 @@ t.test('admission reserves output at the audio rate where it is dearer: a money 
   t.equal(((await over.json()) as { verdict: { status: number } }).verdict.status, 402, 'one more is not');
   const fits = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ ...body, max_tokens: plan.max_affordable_allowance }) });
   t.equal(fits.status, 200, 'the figure admission gives is admitted');
+});
+
+// The sixteenth session's closing note: admission reserved every gpt-audio request at the
+// audio rate, though OpenAI answers in text unless `modalities` asks for audio: a text-only request
+// was refused at a sixth of the budget it needed.
+t.test('a request that asks for text alone is reserved at the text output rate', async (t) => {
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(await audioUpstream(t))], auth: { keys: [{ key: 'tg-text', tenant: 'text', monthlyBudgetUsd: 0.05 }] } });
+  const headers = { 'content-type': 'application/json', authorization: 'Bearer tg-text' };
+  const plan = async (request: Record<string, unknown>) =>
+    (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request }) })).json()) as { max_affordable_allowance: number; cost_usd: { worst_case: number } };
+  const text = { ...ask(), model: 'gpt-audio', max_tokens: 4000 };
+  const textPlan = await plan(text);
+  t.ok(textPlan.max_affordable_allowance > 4000, `at $10 per Mtok of output, $0.05 holds more than 4,000: ${textPlan.max_affordable_allowance}`);
+  t.ok(textPlan.max_affordable_allowance < 5000, `and less than 5,000: ${textPlan.max_affordable_allowance}`);
+  for (const asked of [{ modalities: ['text', 'audio'] }, { audio: { voice: 'alloy', format: 'wav' } }]) {
+    const audioPlan = await plan({ ...text, ...asked });
+    t.ok(audioPlan.max_affordable_allowance < 782, `${JSON.stringify(asked)}: at $64 per Mtok: ${audioPlan.max_affordable_allowance}`);
+    t.ok(audioPlan.cost_usd.worst_case > textPlan.cost_usd.worst_case * 6, `${JSON.stringify(asked)}: reserved at the audio rate`);
+  }
+  t.equal((await plan({ ...text, modalities: ['text'] })).max_affordable_allowance, textPlan.max_affordable_allowance, 'modalities ["text"] is the default');
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify(text) });
+  t.equal(res.status, 200, '4,000 tokens at $10 per Mtok fit $0.05');
+  const cost = Number(res.headers.get('x-tollgate-cost-usd'));
+  t.ok(Math.abs(cost - (10 * 2.5 + 700 * 10) / 1e6) < 1e-12, `answered in text, priced at the text rates: ${cost}`);
 });

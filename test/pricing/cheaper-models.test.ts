@@ -25,27 +25,27 @@ const candidates: ModelCandidate[] = [
 ];
 
 t.test('conversation cap, tools offered: local, plan, then cheap metered; tool-capable first', async (t) => {
-  const out = cheaperModels({ ...current, candidates, offersTools: true, scope: 'conversation', limitUsd: 2 });
+  const out = cheaperModels({ ...current, candidates, offersTools: true, scope: 'conversation', limitUsd: 2, audioOutput: false });
   t.same(out.map((c) => c.model), ['llama', 'llama-notools', 'sub', 'small', 'small-notools']);
   t.same(out[0], { model: 'llama', billing: 'local', upstream: 'home', tools: true }, 'no allowance on free choices');
   t.equal(out[3]!.allowance_usd, 0.5, 'a quarter of $2 is under the $0.50 floor');
 });
 
 t.test('no tools offered: within a group, configuration order (metered: cheapest first)', async (t) => {
-  const out = cheaperModels({ ...current, candidates, offersTools: false, scope: 'conversation', limitUsd: 10 });
+  const out = cheaperModels({ ...current, candidates, offersTools: false, scope: 'conversation', limitUsd: 10, audioOutput: false });
   t.same(out.map((c) => c.model), ['llama-notools', 'llama', 'sub', 'small-notools', 'small']);
   t.equal(out[3]!.allowance_usd, 2.5, 'a quarter of $10');
 });
 
 t.test('monthly budget and parent cap: never a metered choice', async (t) => {
   for (const scope of ['monthly', 'parent'] as const) {
-    const out = cheaperModels({ ...current, candidates, offersTools: true, scope, limitUsd: 50 });
+    const out = cheaperModels({ ...current, candidates, offersTools: true, scope, limitUsd: 50, audioOutput: false });
     t.same(out.map((c) => c.billing), ['local', 'local', 'plan'], scope);
   }
 });
 
 t.test('an unpriced current model: no metered comparison is possible', async (t) => {
-  const out = cheaperModels({ model: 'big', price: null, candidates, offersTools: true, scope: 'conversation', limitUsd: 2 });
+  const out = cheaperModels({ model: 'big', price: null, candidates, offersTools: true, scope: 'conversation', limitUsd: 2, audioOutput: false });
   t.notOk(out.some((c) => c.billing === 'metered'));
 });
 
@@ -54,7 +54,7 @@ t.test('exactly a third qualifies, a hair more does not', async (t) => {
     { model: 'third', upstream: 'u', billing: 'metered', tools: true, price: p(1, 1) }, // 2 = 6/3
     { model: 'over', upstream: 'u', billing: 'metered', tools: true, price: p(1, 1.01) },
   ];
-  const out = cheaperModels({ model: 'cur', price: p(3, 3), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 4 });
+  const out = cheaperModels({ model: 'cur', price: p(3, 3), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 4, audioOutput: false });
   t.same(out.map((c) => c.model), ['third']);
   t.equal(out[0]!.allowance_usd, 1);
 });
@@ -88,16 +88,18 @@ t.test('an embeddings request is offered embedding models alone; a chat request 
     { model: 'llama', upstream: 'home', billing: 'local', tools: true, price: null },
     { model: 'small', upstream: 'openai', billing: 'metered', tools: true, price: p(0.1, 0.1) },
   ];
-  const chat = cheaperModels({ model: 'big', price: p(5, 15), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2 });
+  const chat = cheaperModels({ model: 'big', price: p(5, 15), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2, audioOutput: false });
   t.same(chat.map((c) => c.model), ['llama', 'small']);
-  const embeddings = cheaperModels({ model: 'text-embedding-3-large', price: p(0.13, 0), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2, embeddings: true });
+  const embeddings = cheaperModels({ model: 'text-embedding-3-large', price: p(0.13, 0), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 2, embeddings: true, audioOutput: false });
   t.same(embeddings.map((c) => c.model), ['nomic-embed-text', 'text-embedding-3-small']);
 });
 
 // A review: gpt-audio-mini's text is a fifth of gpt-4o's price, its audio output twice gpt-4o's
 // output: admission reserves the audio rate, so it was offered as cheaper and then reserved more.
-t.test('a model whose audio output is dear is not offered as cheaper: prices compare at the worst output rate', async (t) => {
+t.test('for a request that asks for audio, a model whose audio output is dear is not offered as cheaper', async (t) => {
   const cands: ModelCandidate[] = [{ model: 'audio-mini', upstream: 'openai', billing: 'metered', tools: true, price: { ...p(0.6, 2.4), outputAudioMtok: 20 } }];
-  t.same(cheaperModels({ model: 'big', price: p(2.5, 10), candidates: cands, offersTools: false, scope: 'conversation', limitUsd: 1 }), []);
-  t.same(cheaperModels({ model: 'big', price: p(2.5, 10), candidates: [{ ...cands[0]!, price: p(0.6, 2.4) }], offersTools: false, scope: 'conversation', limitUsd: 1 }).map((c) => c.model), ['audio-mini'], 'without its audio rate it would be');
+  const ask = { model: 'big', price: p(2.5, 10), offersTools: false, scope: 'conversation' as const, limitUsd: 1 };
+  t.same(cheaperModels({ ...ask, candidates: cands, audioOutput: true }), []);
+  t.same(cheaperModels({ ...ask, candidates: [{ ...cands[0]!, price: p(0.6, 2.4) }], audioOutput: true }).map((c) => c.model), ['audio-mini'], 'without its audio rate it would be');
+  t.same(cheaperModels({ ...ask, candidates: cands, audioOutput: false }).map((c) => c.model), ['audio-mini'], 'for a request in text, it is: admission reserves its text rate');
 });

@@ -79,15 +79,22 @@ t.test('plan: no money, list-price work shown', async (t) => {
 
 t.test('worst case: whole prompt uncached + whole allowance', async (t) => {
   // 10,000 × $2 + 4,096 × $8 per million (cache-read price not used: a hit is never promised).
-  t.equal(worstCaseUsd({ price, promptTokens: 10_000, allowance: 4096 }), (10_000 * 2 + 4096 * 8) / 1e6);
-  t.equal(worstCaseUsd({ price: null, promptTokens: 10, allowance: 10 }), null);
-  t.equal(worstCaseUsd({ price, promptTokens: 0, allowance: 0 }), 0);
+  t.equal(worstCaseUsd({ price, promptTokens: 10_000, allowance: 4096, audioOutput: false }), (10_000 * 2 + 4096 * 8) / 1e6);
+  t.equal(worstCaseUsd({ price: null, promptTokens: 10, allowance: 10, audioOutput: false }), null);
+  t.equal(worstCaseUsd({ price, promptTokens: 0, allowance: 0, audioOutput: false }), 0);
+});
+
+t.test('worst case: output at the audio rate only for a request that may be answered in audio', async (t) => {
+  const audio: ModelPrice = { ...price, outputAudioMtok: 64 };
+  t.equal(worstCaseUsd({ price: audio, promptTokens: 1000, allowance: 1000, audioOutput: false }), (1000 * 2 + 1000 * 8) / 1e6, 'text: the text rate');
+  t.equal(worstCaseUsd({ price: audio, promptTokens: 1000, allowance: 1000, audioOutput: true }), (1000 * 2 + 1000 * 64) / 1e6, 'audio: the dearer audio rate');
+  t.equal(worstCaseUsd({ price: { ...price, outputAudioMtok: 4 }, promptTokens: 1000, allowance: 1000, audioOutput: true }), (1000 * 2 + 1000 * 8) / 1e6, 'an audio rate below the text one: the text rate');
 });
 
 t.test('worst case: a long prompt pays the long-context tier', async (t) => {
   const tiered: ModelPrice = { ...price, tiers: { input: [{ start: 200_000, price: 4 }], output: [{ start: 200_000, price: 12 }] } };
-  t.equal(worstCaseUsd({ price: tiered, promptTokens: 100_000, allowance: 1000 }), 0.208);
-  t.equal(worstCaseUsd({ price: tiered, promptTokens: 250_000, allowance: 1000 }), 1.012);
+  t.equal(worstCaseUsd({ price: tiered, promptTokens: 100_000, allowance: 1000, audioOutput: false }), 0.208);
+  t.equal(worstCaseUsd({ price: tiered, promptTokens: 250_000, allowance: 1000, audioOutput: false }), 1.012);
 });
 
 // An outside audit: gpt-audio's audio tokens were priced at its text rates, about 7.5× too low,
