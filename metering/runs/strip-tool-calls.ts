@@ -48,8 +48,10 @@ export function stripToolCallsFromCompletion(json: unknown): CompletionStripResu
         message.content = content;
         if (showsText(content)) visible = true;
       }
-      // A refusal is the model's answer too, if not the one asked for.
+      // A refusal is the model's answer too, if not the one asked for; so is an answer spoken in
+      // audio (its content is null, its transcript the text).
       if (typeof message.refusal === 'string' && showsText(message.refusal)) visible = true;
+      if (isObject(message.audio) && typeof message.audio.transcript === 'string' && showsText(message.audio.transcript)) visible = true;
     }
     if (typeof choice.finish_reason === 'string' && TOOL_FINISH.has(choice.finish_reason)) {
       choice.finish_reason = 'stop';
@@ -140,6 +142,7 @@ export class StreamToolCallFilter {
     }
     this.noteText(text);
     if (typeof delta.refusal === 'string') this.noteText(delta.refusal);
+    if (isObject(delta.audio) && typeof delta.audio.transcript === 'string') this.noteText(delta.audio.transcript);
     this.markupFound();
 
     if (ending && TOOL_FINISH.has(raw.finish_reason as string)) {

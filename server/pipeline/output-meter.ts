@@ -201,15 +201,37 @@ export function answerText(choice: Record<string, unknown>): string {
     const { content, refusal } = delta as Record<string, unknown>;
     if (typeof content === 'string') text += content;
     if (typeof refusal === 'string') text += refusal;
+    text += transcriptOf(delta as Record<string, unknown>);
   }
   return text;
+}
+
+/** The transcript of an answer spoken in audio (`audio.transcript`), '' without one. */
+export function transcriptOf(part: Record<string, unknown>): string {
+  const audio = part.audio;
+  if (audio === null || typeof audio !== 'object') return '';
+  const { transcript } = audio as Record<string, unknown>;
+  return typeof transcript === 'string' ? transcript : '';
+}
+
+/**
+ * A message or a delta carries audio the model spoke (`audio.data`, base64): output no tokenizer
+ * here counts. Its transcript is counted; the audio's own tokens are known only from the provider's
+ * usage (server/pipeline/settle.ts).
+ */
+export function carriesAudio(part: Record<string, unknown>): boolean {
+  const audio = part.audio;
+  if (audio === null || typeof audio !== 'object') return false;
+  const { data } = audio as Record<string, unknown>;
+  return typeof data === 'string' && data !== '';
 }
 
 /**
  * What the model wrote in a message or a delta: its content, its reasoning (`reasoning_content`:
  * DeepSeek, llama.cpp; `reasoning`: OpenRouter, Groq, vLLM — reasoning tokens are output tokens,
- * SPEC §7; one text when a server sends it under both names), a refusal, and its tool calls, the
- * legacy `function_call` included (SPEC §4: generated output counts the tool calls written).
+ * SPEC §7; one text when a server sends it under both names), a refusal, the transcript of an
+ * answer spoken in audio, and its tool calls, the legacy `function_call` included (SPEC §4:
+ * generated output counts the tool calls written).
  */
 export function writtenText(part: Record<string, unknown>): string {
   let text = typeof part.content === 'string' ? part.content : '';
@@ -217,6 +239,7 @@ export function writtenText(part: Record<string, unknown>): string {
   if (typeof reasoningContent === 'string') text += reasoningContent;
   if (typeof reasoning === 'string' && reasoning !== reasoningContent) text += reasoning;
   if (typeof part.refusal === 'string') text += part.refusal;
+  text += transcriptOf(part);
   if (Array.isArray(part.tool_calls)) {
     // An upstream's malformed entry (null, a string) carries no text to count.
     // A custom tool's call writes `custom: {name, input}` where a function's writes `function`.

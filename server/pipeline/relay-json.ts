@@ -8,7 +8,7 @@ import { quotingUpstream } from '../errors.js';
 import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
-import { echoedLength, writtenText } from './output-meter.js';
+import { carriesAudio, echoedLength, writtenText } from './output-meter.js';
 import { holdsKey, redactDeep, redactText } from './upstream-key.js';
 
 type Json = Record<string, unknown>;
@@ -27,6 +27,8 @@ export interface JsonOutcome {
   timings: Json | null;
   /** Generated text per choice (output-meter.ts `writtenText`), to count when usage can't be trusted. */
   texts: string[];
+  /** A choice's message carries audio the model spoke (`carriesAudio`), which `texts` cannot count. */
+  audio: boolean;
   toolsProposed: boolean;
   empty: boolean;
 }
@@ -106,6 +108,7 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
     usage: isObject(parsed.usage) ? parsed.usage : null,
     timings: isObject(parsed.timings) ? parsed.timings : null,
     texts,
+    audio: choices.some((choice) => isObject(choice.message) && carriesAudio(choice.message)),
     toolsProposed,
     empty,
   };

@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { SseEventTooLarge, SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
-import { OutputMeter, answerText, deltaText, writtenText } from './output-meter.js';
+import { OutputMeter, answerText, carriesAudio, deltaText, writtenText } from './output-meter.js';
 import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-excerpt.js';
@@ -34,6 +34,8 @@ export interface StreamOutcome {
   clientGone: boolean;
   /** Any content reached the client. */
   visibleText: boolean;
+  /** The model spoke: audio (`delta.audio.data`) reached the client, which the meter cannot count. */
+  audio: boolean;
   toolsProposed: boolean;
   /**
    * A final turn wrote text and then proposed tools again: the evidence excerpt was added after
@@ -78,6 +80,7 @@ export async function relayStream(
     upstreamError: null,
     clientGone: false,
     visibleText: false,
+    audio: false,
     toolsProposed: false,
     excerptAppended: false,
     meta: {},
@@ -270,6 +273,7 @@ export async function relayStream(
       }
       const written = sentChoices[at];
       const text = deltaText(isObject(written) ? written : raw);
+      if (isObject(raw.delta) && carriesAudio(raw.delta)) out.audio = true;
       if (finished.has(index) && text !== '' && !finishEveryChunk) {
         // A choice that writes on after its finish: this server names a finish in every chunk, so
         // no finish of it says the answer is whole, and none is held back.

@@ -357,6 +357,7 @@ async function relayAdmitted(
       timings: json.timings,
       fallback,
       refundAll: false,
+      uncountedAudio: json.audio,
     };
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
@@ -390,7 +391,7 @@ async function relayAdmitted(
   // An upstream that failed before any output refunds the whole reservation, as a failure before
   // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
   const upstreamFailed = streamed.upstreamLost || streamed.upstreamError !== null;
-  const failedBeforeOutput = upstreamFailed && meter.total() === 0;
+  const failedBeforeOutput = upstreamFailed && meter.total() === 0 && !streamed.audio;
   // A failure the excerpt answered is a 200, as on the other paths: the client got an answer.
   const answered = fallback || streamed.excerptAppended;
   outcome = {
@@ -403,6 +404,7 @@ async function relayAdmitted(
     timings: streamed.timings,
     fallback: fallback || streamed.excerptAppended,
     refundAll: failedBeforeOutput,
+    uncountedAudio: streamed.audio,
   };
   settled = await settle(gw, plan, outcome);
   if (!raw.destroyed) {

@@ -21,6 +21,11 @@ export interface Outcome {
   fallback: boolean;
   /** Nothing was generated (an upstream error before any output): refund everything. */
   refundAll: boolean;
+  /**
+   * The model spoke (audio in the answer, relay-json.ts / relay-stream.ts): output the gateway's
+   * count leaves out. Without the provider's figure the whole allowance is charged.
+   */
+  uncountedAudio?: boolean;
 }
 
 export interface Settled {
@@ -117,8 +122,12 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const ownExact = o.countedMethod.startsWith('tiktoken:') ? o.countedOutput : 0;
   const provided = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
   const trusted = provided !== null && provided >= ownExact ? provided : null;
-  const rawGenerated = o.refundAll ? 0 : (trusted ?? o.countedOutput);
-  const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : o.countedMethod;
+  // Audio the model spoke, with no figure from the provider (a client that left before the usage
+  // chunk, an upstream that sends none): the gateway cannot count it, so the turn is charged its
+  // whole allowance, as audio — a conservative figure, never one the client can lower by leaving.
+  const audioAllowance = !o.refundAll && trusted === null && o.uncountedAudio === true;
+  const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : o.countedOutput));
+  const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included
   // (SPEC §2.7, §11): the model read nothing the run must pay for.
   const tokens = o.refundAll
@@ -140,7 +149,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
           cachedTokens: f.cachedTokens,
           // Audio within them, priced at the audio rates where the price has them.
           inputAudioTokens: tokenFigure((o.usage?.prompt_tokens_details as Json | undefined)?.audio_tokens),
-          outputAudioTokens: tokenFigure((o.usage?.completion_tokens_details as Json | undefined)?.audio_tokens),
+          outputAudioTokens: audioAllowance ? rawGenerated : tokenFigure((o.usage?.completion_tokens_details as Json | undefined)?.audio_tokens),
           // What the provider really generated, even past the allowance (an upstream that ignored
           // max_tokens bills it all); the run's token charge stays within what was reserved.
           outputTokens: rawGenerated,

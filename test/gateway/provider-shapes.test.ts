@@ -525,3 +525,61 @@ t.test('a request that asks for text alone is reserved at the text output rate',
   const cost = Number(res.headers.get('x-tollgate-cost-usd'));
   t.ok(Math.abs(cost - (10 * 2.5 + 700 * 10) / 1e6) < 1e-12, `answered in text, priced at the text rates: ${cost}`);
 });
+
+// The sixteenth session's closing note: a streamed answer spoken in audio was metered on its text
+// alone. A client that left before the usage chunk paid for the transcript's tokens (here 3), and
+// was refunded the rest of the allowance, for audio it had heard.
+t.test('audio the model spoke is charged: the whole allowance without the provider\'s figure, the provider\'s with it', async (t) => {
+  const spoken = (transcript: string) => chunk({ audio: { id: 'audio_1', data: Buffer.alloc(960).toString('base64'), transcript } });
+  const usage = { prompt_tokens: 9, completion_tokens: 14, total_tokens: 23, completion_tokens_details: { audio_tokens: 11 } };
+  let mode: 'hold' | 'usage' | 'whole' = 'hold';
+  const { gw } = await scripted(t, (body) => {
+    if (mode === 'whole') {
+      const message = { role: 'assistant', content: null, audio: { id: 'audio_1', data: Buffer.alloc(960).toString('base64'), expires_at: 1, transcript: 'Canberra.' } };
+      return { stream: false, pieces: [JSON.stringify({ ...ID, object: 'chat.completion', choices: [{ index: 0, message, finish_reason: 'stop' }] })] };
+    }
+    const pieces = [chunk({ role: 'assistant', content: null }), spoken('Canberra'), spoken('.')];
+    if (mode === 'hold') return { stream: true, pieces, then: 'hold' };
+    const include = (body.stream_options as Json | undefined)?.include_usage === true;
+    return { stream: true, pieces: [...pieces, finish(), ...(include ? [`data: ${JSON.stringify({ ...ID, choices: [], usage })}\n\n`] : []), DONE] };
+  });
+  const request = ask({ stream: true, max_tokens: 500, modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'pcm16' } });
+
+  // The client leaves after the audio began, before any usage.
+  const abort = new AbortController();
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(request), signal: abort.signal });
+  const reader = res.body!.getReader();
+  let seen = '';
+  while (!seen.includes('"transcript":"."')) seen += new TextDecoder().decode((await reader.read()).value);
+  abort.abort();
+  let left: LedgerRow | undefined;
+  for (let i = 0; i < 200 && left?.state !== 'settled'; i++) {
+    await new Promise((r) => setTimeout(r, 10));
+    left = (await rows(gw))[0];
+  }
+  t.match(left, { state: 'settled', status: 499, generated_tokens: 500, refund_tokens: 0, output_method: 'allowance:audio' }, 'left part way: the whole allowance');
+
+  mode = 'usage';
+  await post(gw, request);
+  t.match((await rows(gw))[1], { generated_tokens: 14, output_method: 'provider' }, 'with the usage chunk: the provider\'s figure');
+
+  mode = 'whole';
+  await post(gw, { ...request, stream: false });
+  t.match((await rows(gw))[2], { generated_tokens: 500, output_method: 'allowance:audio' }, 'a whole answer without usage: the whole allowance');
+});
+
+t.test('audio the model spoke is priced at the audio output rate when its allowance is charged', async (t) => {
+  const upstream = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end(chunk({ role: 'assistant', audio: { id: 'audio_1', data: Buffer.alloc(960).toString('base64'), transcript: 'Hi.' } }) + finish() + DONE);
+  });
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)] });
+  const { text } = await post(gw, { ...ask({ stream: true, max_tokens: 1000, modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'pcm16' } }), model: 'gpt-audio' });
+  t.match(text, /transcript/);
+  const [row] = await rows(gw);
+  t.match(row, { generated_tokens: 1000, output_method: 'allowance:audio' });
+  t.ok(row!.cost_usd! >= (1000 * 64) / 1e6, `1,000 tokens at gpt-audio's $64 per Mtok of audio: ${row!.cost_usd}`);
+  t.ok(row!.cost_usd! <= row!.worst_case_usd! + 1e-12, 'within what admission reserved');
+});

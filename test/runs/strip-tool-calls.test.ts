@@ -65,6 +65,17 @@ t.test('an answer of blanks and zero-width spaces is empty; a refusal is an answ
   t.equal(g.finish().visibleText, true, 'a refusal is');
 });
 
+// A final answer spoken in audio has no content, only audio and its transcript: it was taken for
+// no answer, and replaced with the evidence excerpt.
+t.test('an answer spoken in audio is an answer', async (t) => {
+  const spoken = { content: null, audio: { id: 'audio_1', data: 'UklGRg==', expires_at: 1, transcript: 'Canberra.' } };
+  t.equal(stripToolCallsFromCompletion(completion(spoken)).empty, false);
+  t.equal(stripToolCallsFromCompletion(completion({ content: null, audio: { id: 'audio_1', data: 'UklGRg==', transcript: ' ' } })).empty, true, 'a blank transcript is not');
+  const f = new StreamToolCallFilter();
+  f.push(chunk({ audio: { id: 'audio_1', transcript: 'Canberra.' } }));
+  t.equal(f.finish().visibleText, true);
+});
+
 t.test('an answer that was only markup is empty', async (t) => {
   const r = stripToolCallsFromCompletion(completion({ content: '  <tool_call>{"name":"f"}</tool_call>\n' }));
   t.equal(firstMessage(r.body).content, '');
