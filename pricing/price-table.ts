@@ -72,7 +72,7 @@ function withoutVendor(id: string): string {
   return id.slice(id.lastIndexOf('/') + 1);
 }
 
-const LOOKUP_TTL_MS = 60_000;
+const MINUTE_MS = 60_000;
 const LOOKUP_CACHE_MAX = 4096;
 
 export class PriceTable {
@@ -86,7 +86,7 @@ export class PriceTable {
    * (`gpt-4o-mini-search-preview-2025-03-11`), whatever their case, and not the model.
    */
   private readonly overridesByCatalogueModel = new Map<string, Array<{ name: string; general: boolean; price: ModelPrice }>>();
-  private readonly recent = new Map<string, { price: ModelPrice | null; at: number }>();
+  private readonly recent = new Map<string, { price: ModelPrice | null; minute: number }>();
   readonly catalogueSource: string;
 
   constructor(overrides: ReadonlyMap<string, ModelPrice> = new Map()) {
@@ -116,17 +116,18 @@ export class PriceTable {
    * A provider-prefixed name (`openai/gpt-4o`, OpenRouter style) resolves as well.
    */
   lookup(model: string, opts: LookupOptions = {}): ModelPrice | null {
-    // Asked on every request: remember answers for a minute (catalogue prices can change by date or
-    // time of day, so not for longer). A lookup at a given time is not cached.
-    if (opts.at) return this.find(model, opts);
+    // Asked on every request: an answer is remembered for the rest of its minute of UTC time.
+    // Catalogue prices change on a date or at a time of day (DeepSeek's off-peak hours begin at
+    // 16:30), always on a minute, so a price looked up at the minute's start holds for all of it;
+    // one remembered for a minute from whenever it was asked billed turns at the old rate for up to
+    // a minute past the change. A clock stepped back or forward is another minute, looked up again.
+    const minute = Math.floor((opts.at ? opts.at.getTime() : Date.now()) / MINUTE_MS);
     const key = `${opts.providerId ?? ''}\u0000${model}`;
-    // The minute is measured on a monotonic clock: one stepped back would keep a price for as long.
-    const now = performance.now();
     const hit = this.recent.get(key);
-    if (hit && now - hit.at < LOOKUP_TTL_MS) return hit.price;
-    const price = this.find(model, opts);
+    if (hit && hit.minute === minute) return hit.price;
+    const price = this.find(model, { ...opts, at: new Date(minute * MINUTE_MS) });
     if (this.recent.size >= LOOKUP_CACHE_MAX) this.recent.clear();
-    this.recent.set(key, { price, at: now });
+    this.recent.set(key, { price, minute });
     return price;
   }
 

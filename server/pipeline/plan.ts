@@ -556,7 +556,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   }
 
   // 5. Money: the worst case (whole prompt uncached + whole allowance at list price).
-  const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model) : null;
+  const price = upstream.billing === 'metered' ? gw.prices.lookup(valid.model, { at: new Date(time) }) : null;
   const worstPrompt = worstPromptTokens(rows);
   const priced = upstream.billing === 'metered' && !excerptOnly ? price : null;
   const predicted = priced && valid.body.prediction != null ? await predictionTokens(gw, upstream, valid) : 0;

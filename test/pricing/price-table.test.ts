@@ -139,8 +139,10 @@ t.test('override file: unreadable or invalid JSON are named errors', async (t) =
   t.throws(() => PriceTable.load(join(dir, 'missing.json')), /prices\.overrides: cannot read/);
 });
 
-t.test('a price is remembered for a minute of this process, whatever the wall clock does (regression)', async (t) => {
+t.test('a price is remembered for its minute of the wall clock; a clock stepped is looked up again (regression)', async (t) => {
   const wall = steppableWallClock(t);
+  // A second into a minute, so that no minute ends between the lookups below.
+  wall.step(60_000 - (Date.now() % 60_000) + 1_000);
   const table = PriceTable.load();
   // What the lookups found anew rather than remembered.
   const inner = table as unknown as { find: (...args: unknown[]) => unknown };
@@ -153,14 +155,42 @@ t.test('a price is remembered for a minute of this process, whatever the wall cl
   table.lookup('gpt-4o');
   table.lookup('gpt-4o');
   t.equal(found, 1, 'the second lookup is remembered');
-  // A step of the wall clock is no minute passing (one back would have kept the price for an hour).
-  wall.step(HOUR_MS);
+  // A remembered price is kept only within its minute: a clock stepped back an hour once kept one
+  // for an hour; now it is another minute, priced as that minute prices it.
+  wall.step(-HOUR_MS);
   table.lookup('gpt-4o');
-  t.equal(found, 1, 'still remembered: the minute is measured in this process');
+  t.equal(found, 2, 'looked up again at the time the clock says');
+  table.lookup('gpt-4o');
+  t.equal(found, 2, 'and remembered for that minute');
 });
 
 t.test('overrides: audio rates are read, and checked like the others', async (t) => {
   const prices = parsePriceOverrides({ models: { 'my-audio': { input_mtok: 2.5, output_mtok: 10, input_audio_mtok: 40, output_audio_mtok: 80, date: '2026-11-01' } } }, 'prices.json');
   t.match(prices.get('my-audio'), { inputAudioMtok: 40, outputAudioMtok: 80 });
   t.throws(() => parsePriceOverrides({ models: { m: { input_mtok: 1, output_mtok: 1, input_audio_mtok: -1, date: '2026-11-01' } } }, 'prices.json'), /\.models\["m"\]\.input_audio_mtok: must be a non-negative number/);
+});
+
+// An outside audit: a price was remembered for a minute from whenever it was asked, so DeepSeek's
+// turns were billed at the peak rate for up to a minute after its off-peak hours began at 16:30
+// UTC (twice the rate), and at the off-peak rate for up to a minute after they ended.
+t.test('a time-of-day price changes on its minute, not up to a minute later', async (t) => {
+  const table = new PriceTable();
+  const realNow = Date.now;
+  t.teardown(() => {
+    Date.now = realNow;
+  });
+  const rates = (iso: string) => {
+    Date.now = () => Date.parse(iso);
+    const p = table.lookup('deepseek-chat')!;
+    return [p.inputMtok, p.outputMtok];
+  };
+  t.same(rates('2026-11-30T16:29:50Z'), [0.27, 1.1], 'peak');
+  t.same(rates('2026-11-30T16:29:59.999Z'), [0.27, 1.1], 'still peak');
+  t.same(rates('2026-11-30T16:30:00Z'), [0.135, 0.55], 'off-peak from 16:30');
+  t.same(rates('2026-12-01T00:29:59Z'), [0.135, 0.55]);
+  t.same(rates('2026-12-01T00:30:00Z'), [0.27, 1.1], 'peak again from 00:30');
+  t.same(rates('2026-11-30T16:30:10Z'), [0.135, 0.55], 'a clock stepped back is looked up again');
+  Date.now = realNow;
+  t.equal(table.lookup('deepseek-chat', { at: new Date('2026-11-30T16:29:30Z') })!.inputMtok, 0.27, 'a lookup at a given time: that time');
+  t.equal(table.lookup('deepseek-chat', { at: new Date('2026-11-30T16:31:00Z') })!.inputMtok, 0.135);
 });
