@@ -42,6 +42,11 @@ export interface Reservation {
   /** Worst case in USD (whole prompt uncached + whole allowance, list price); null = not money. */
   worstCaseUsd: number | null;
   /**
+   * How the upstream is billed, stored at admission so that a row a crash left open is recovered as
+   * what it was: a local or plan turn costs no money (null: not known, as in rows written before).
+   */
+  billing?: 'local' | 'plan' | 'metered' | null;
+  /**
    * Money of a cost nothing can bound beforehand: a metered model without a price, sent because the
    * operator allows unpriced models (`worstCaseUsd` null). It starts only while every money limit
    * over it still has room; its provider's figure then counts when it settles. Not stored.
@@ -223,6 +228,8 @@ export interface LedgerRow {
   worst_case_usd: number | null;
   cost_usd: number | null;
   saved_usd: number | null;
+  /** A plan model's turn: the list-price value of its work (not money spent); null otherwise or unknown. */
+  plan_work_usd: number | null;
   /** Where cost_usd came from (Settlement.costSource; `worst-case` for a recovered row). */
   cost_source: string | null;
   price_source: string | null;

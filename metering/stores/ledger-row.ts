@@ -1,7 +1,7 @@
 // One ledger row as both stores write and read it: the column values of a reservation, of a
 // settlement (real or recovered), and the mapping from a stored record back to `LedgerRow`.
 // Column names match `LedgerRow` except `row_count` (ROWS is a keyword in SQL) and the internal
-// `month`, `plan_work_usd` and `grandparents`.
+// `month` and `grandparents`.
 import type { LedgerRow, ModeName, Reservation, Settlement } from '../ledger.js';
 import { reservedTokens } from './admission-check.js';
 
@@ -38,6 +38,7 @@ export function reservationColumns(r: Reservation, ancestors: readonly string[])
     allowance: r.allowance,
     reserved_tokens: reservedTokens(r),
     worst_case_usd: r.worstCaseUsd,
+    billing: r.billing ?? null,
   };
 }
 
@@ -93,6 +94,8 @@ export interface OpenRow {
   allowance: number;
   reserved_tokens: number;
   worst_case_usd: number | null;
+  /** How its upstream is billed, when admission recorded it (`Reservation.billing`). */
+  billing: string | null;
 }
 
 /**
@@ -136,9 +139,10 @@ export function fromSettlement(row: OpenRow, s: Settlement): SettleValues {
 
 /**
  * A reservation left open (a crash between admit and settle): charged in full, at its worst-case
- * cost, so no budget is ever under-counted (ADR 0005). It finishes at `now`, or at its own time
- * when that is later — a row stamped by a clock ahead of the recovering one's — so the export never
- * shows a request that ended before it began.
+ * cost, so no budget is ever under-counted (ADR 0005) — a local or plan turn at none, as it
+ * would have settled (its plan work, unknown, is left out). It finishes at `now`, or at its own
+ * time when that is later — a row stamped by a clock ahead of the recovering one's — so the export
+ * never shows a request that ended before it began.
  */
 export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
   return {
@@ -148,13 +152,13 @@ export function recoveredSettlement(row: OpenRow, now: number): SettleValues {
     outputMethod: 'recovered',
     chargeTokens: row.prompt_charge + row.allowance,
     refundTokens: 0,
-    costUsd: row.worst_case_usd,
+    costUsd: row.billing === 'local' || row.billing === 'plan' ? 0 : row.worst_case_usd,
     savedUsd: null,
     planWorkUsd: null,
     costSource: 'worst-case',
     priceSource: null,
     priceDate: null,
-    billing: null,
+    billing: row.billing,
     promptTokens: null,
     completionTokens: null,
     cachedTokens: null,
@@ -261,6 +265,7 @@ export function toLedgerRow(rec: Record<string, unknown>): LedgerRow {
     worst_case_usd: numOrNull(rec, 'worst_case_usd'),
     cost_usd: numOrNull(rec, 'cost_usd'),
     saved_usd: numOrNull(rec, 'saved_usd'),
+    plan_work_usd: numOrNull(rec, 'plan_work_usd'),
     cost_source: strOrNull(rec, 'cost_source'),
     price_source: strOrNull(rec, 'price_source'),
     price_date: strOrNull(rec, 'price_date'),

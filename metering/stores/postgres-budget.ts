@@ -164,7 +164,7 @@ export async function settleLocked(
 ): Promise<MonthAfterSettle | null> {
   const found = await c.query<OpenRow>(
     `SELECT state, time, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
-       allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = $1 FOR UPDATE`,
+       allowance, reserved_tokens, worst_case_usd, billing FROM ledger_rows WHERE id = $1 FOR UPDATE`,
     [id],
   );
   const row = found.rows[0];

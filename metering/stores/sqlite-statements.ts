@@ -80,7 +80,7 @@ export function prepareSqlite(db: Database.Database) {
     insertRow: s(`INSERT INTO ledger_rows (${RESERVATION_COLUMNS.join(', ')})
       VALUES (${RESERVATION_COLUMNS.map((c) => '@' + c).join(', ')})`),
     getOpenRow: s(`SELECT state, time, run, conversation, parent, grandparents, tenant, month, model, prompt_charge,
-      allowance, reserved_tokens, worst_case_usd FROM ledger_rows WHERE id = ?`),
+      allowance, reserved_tokens, worst_case_usd, billing FROM ledger_rows WHERE id = ?`),
     settleRow: s(`UPDATE ledger_rows SET ${SETTLEMENT_COLUMNS.map((c) => `${c} = @${c}`).join(', ')}
       WHERE id = @id`),
     staleRows: s(`SELECT id FROM ledger_rows WHERE state = 'reserved' AND time < @before

@@ -36,6 +36,7 @@ export function reservationOf(plan: Plan): Reservation {
     // The asker's own budget: the store holds the request to the lower of it and the run's.
     runBudgetTokens: plan.bounds.tokenBudget,
     worstCaseUsd: plan.worstCaseUsd,
+    billing: plan.upstream.billing,
     costUnknown: plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly,
     month: plan.month,
     keepTokens: isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0,

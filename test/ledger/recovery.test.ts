@@ -46,6 +46,33 @@ for (const factory of storeFactories(t)) {
   });
 }
 
+// An outside audit: a local or plan turn a crash left open was recovered as one of unknown cost
+// (`cost_usd: null`, `billing: null`), and a plan turn was no plan turn in its conversation.
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: a local or plan turn left open is recovered at no cost, as what it was`, async (t) => {
+    const store = await factory.create(t);
+    const now = Date.UTC(2025, 5, 10, 13, 0, 0);
+    const local = reservation({ run: 'rl', conversation: 'home', time: now - 600_000, billing: 'local' });
+    const plan = reservation({ run: 'rp', conversation: 'sub', time: now - 600_000, billing: 'plan' });
+    const metered = reservation({ run: 'rm', conversation: 'paid', time: now - 600_000, billing: 'metered', worstCaseUsd: 0.25 });
+    const settledPlan = reservation({ run: 'rp', conversation: 'sub', time: now - 700_000, billing: 'plan' });
+    for (const r of [local, plan, metered, settledPlan]) t.same(await store.ledger.admit(r), { ok: true });
+    await store.ledger.settle(settledPlan.id, settlement(settledPlan, 20, { billing: 'plan', costUsd: 0, planWorkUsd: 0.0007 }));
+    for (const r of [local, plan, metered]) await store.saidAlive(r.id, 600_000, now);
+    await store.ledger.close(); // the crash
+    const ledger = await store.reopen();
+    t.equal(await ledger.recoverStale(60_000, now), 3);
+    const byId = new Map((await collect(ledger.exportRows(null, null))).map((r) => [r.id, r]));
+    t.match(byId.get(local.id), { state: 'recovered', cost_usd: 0, billing: 'local', cost_source: 'worst-case', charge_tokens: 150 });
+    t.match(byId.get(plan.id), { state: 'recovered', cost_usd: 0, billing: 'plan', plan_work_usd: null });
+    t.match(byId.get(metered.id), { state: 'recovered', cost_usd: 0.25, billing: 'metered' });
+    t.match(byId.get(settledPlan.id), { state: 'settled', plan_work_usd: 0.0007 }, "a plan turn's work is in the export");
+    t.match(await ledger.conversationSpend('sub'), { planTurns: 2, turns: 2, spentUsd: 0 });
+    const month = await ledger.tenantMonth('acme', '2025-06');
+    t.ok(Math.abs(month.spentUsd - 0.25) < 1e-9, `only the metered turn spent money: ${month.spentUsd}`);
+  });
+}
+
 for (const factory of storeFactories(t)) {
   t.test(`${factory.kind}: a reservation said alive recently is not stale, however old it is`, async (t) => {
     const store = await factory.create(t);
