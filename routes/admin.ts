@@ -259,8 +259,8 @@ const route: FastifyPluginAsync = async (app) => {
     };
   });
 
-  // Retention: the rows of finished requests before `until` (exclusive, as the export's) are
-  // deleted, a batch per transaction so other requests run between them. Open reservations stay;
+  // Retention: the rows of requests that finished before `until` (exclusive, as the export's; on
+  // `finished_at`, as a `by=settled` export's windows are) are deleted, a batch per transaction so other requests run between them. Open reservations stay;
   // spend, budgets and caps keep their own counters and do not change. Then what the rows leave
   // behind: conversation heads last moved, and runs started, before `until` and more than a day
   // ago (ADR 0005). Conversations themselves stay (owners, caps, spend).

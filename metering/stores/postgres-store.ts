@@ -364,7 +364,7 @@ export class PostgresLedger implements Ledger {
   async pruneRows(untilMs: number, limit: number): Promise<number> {
     const { rowCount } = await this.pool.query(
       `DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows
-         WHERE time < $1 AND state <> 'reserved' ORDER BY time, id LIMIT $2)`,
+         WHERE finished_at < $1 AND state <> 'reserved' ORDER BY finished_at, id LIMIT $2)`,
       [untilMs, limit],
     );
     return rowCount ?? 0;

@@ -66,8 +66,9 @@ export function prepareSqlite(db: Database.Database) {
     deleteKey: s('DELETE FROM api_keys WHERE id = ?'),
     findKey: s('SELECT id, tenant, name FROM api_keys WHERE hash = ?'),
     anyKey: s('SELECT 1 FROM api_keys LIMIT 1'),
+    // Rows finished before the cut, on the index the settled export reads (migration 8).
     pruneRows: s(`DELETE FROM ledger_rows WHERE id IN (SELECT id FROM ledger_rows
-      WHERE time < ? AND state <> 'reserved' ORDER BY time, id LIMIT ?)`),
+      WHERE finished_at < ? AND state <> 'reserved' ORDER BY finished_at, id LIMIT ?)`),
     // Retention of what rows leave behind (ADR 0005), walked in key order a batch at a time.
     headKeysAfter: s('SELECT conversation FROM heads WHERE conversation > ? ORDER BY conversation LIMIT ?').pluck(),
     pruneHeads: s(`DELETE FROM heads WHERE conversation IN (SELECT value FROM json_each(@keys)) AND time < @until

@@ -35,6 +35,25 @@ for (const factory of storeFactories(t)) {
   });
 }
 
+// An outside audit: retention cut on the time a request began, the settled export on the time it
+// finished. A billing job that read a window by=settled and then deleted up to its end lost a
+// turn admitted before midnight and settled after it, never exported.
+for (const factory of storeFactories(t)) {
+  t.test(`${factory.kind}: rows go by when they finished, as the settled export reads them`, async (t) => {
+    const { ledger } = await factory.create(t);
+    const midnight = T0 + DAY;
+    const early = reservation({ conversation: 'c-mid', run: 'c-mid/r', time: midnight - 60_000, month: '2026-11' });
+    const across = reservation({ conversation: 'c-mid', run: 'c-mid/r', time: midnight - 1_000, month: '2026-11' });
+    for (const r of [early, across]) t.equal((await ledger.admit(r)).ok, true);
+    await ledger.settle(early.id, settlement(early, 1, { finishedAt: midnight - 59_000 }));
+    await ledger.settle(across.id, settlement(across, 1, { finishedAt: midnight + 500 }));
+    const read = (since: number, until: number) => collect(ledger.exportRows(since, until, 'settled')).then((rows) => rows.map((r) => r.id));
+    t.same(await read(T0, midnight), [early.id], "the day's window by=settled");
+    t.equal(await ledger.pruneRows(midnight, 100), 1, 'deleted up to its end: what it read');
+    t.same(await read(midnight, midnight + DAY), [across.id], "the next day's window still has the turn that finished in it");
+  });
+}
+
 /** Walks a table as the route does, two keys a call (so the cursor is used), and says how many went. */
 async function pruneAll(ledger: Ledger, table: HistoryTable, until: number): Promise<number> {
   let deleted = 0;
@@ -92,9 +111,10 @@ t.test('DELETE /admin/ledger?until= needs the admin token and the time, and says
   t.equal(missing.status, 400);
   t.match(await missing.json(), { error: { code: 'invalid_request', param: 'until' } });
   t.equal((await del('?until=yesterday')).status, 400);
-  const res = await del(`?until=${T0 + 3}`);
+  // Each finished a second after it began (settlement()): three finished before the cut.
+  const res = await del(`?until=${T0 + 1003}`);
   t.equal(res.status, 200);
-  t.same(await res.json(), { deleted: 3, heads_deleted: 0, runs_deleted: 1, until: new Date(T0 + 3).toISOString() }, 'the run the rows were in');
+  t.same(await res.json(), { deleted: 3, heads_deleted: 0, runs_deleted: 1, until: new Date(T0 + 1003).toISOString() }, 'the run the rows were in');
   t.equal((await collect(gw.ledger.exportRows(null, null))).length, 2);
 });
 
