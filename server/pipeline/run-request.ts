@@ -364,7 +364,10 @@ async function relayAdmitted(
     finishLog(200);
     if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, notices) }, settled);
     reply.code(200).headers({ ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
-    if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
+    // A llama.cpp server's usage for a prompt array or n > 1 is row 0's and choice 0's: the client
+    // gets the gateway's figures for them, as a stream's usage chunk gives them.
+    if (json.usage !== null && usageUnderReported(plan)) reply.send({ ...json.body, usage: { ...json.usage, ...usageChunkFigures(plan, null, settled) } });
+    else if (json.raw !== null) reply.type('application/json; charset=utf-8').send(json.raw);
     else reply.send(json.body);
     return;
   }

@@ -108,12 +108,26 @@ t.test('a prompt array of 3 rows is 3 rows, whatever llama.cpp usage says', asyn
   const res = await fetch(`${gw.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
   const out = (await res.json()) as { usage: { prompt_tokens: number; completion_tokens: number }; choices: unknown[] };
   t.equal(out.choices.length, 3);
-  t.ok(out.usage.completion_tokens <= 4, 'llama.cpp reports row 0 only');
+  // llama.cpp's own usage counts row 0 alone; an outside audit found it passed on to the client.
+  t.match(out.usage, { prompt_tokens: plan.sum_tokens, completion_tokens: 12, total_tokens: (plan.sum_tokens as number) + 12 }, "the gateway's figures for every row");
   const rows: LedgerRow[] = [];
   for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
   t.equal(rows[0].rows, 3);
   t.equal(rows[0].prompt_tokens, plan.sum_tokens);
   t.equal(rows[0].generated_tokens, 12, 'the gateway counted every row’s output itself');
+});
+
+t.test('a llama.cpp chat answer with n > 1 gives the client the figures of every choice', async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 4, slots: 3 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'Hello there' }], n: 3, max_tokens: 4 }) });
+  const out = (await res.json()) as { usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number }; choices: unknown[] };
+  t.equal(out.choices.length, 3);
+  const charged = Number(res.headers.get('x-tollgate-charge-tokens'));
+  t.equal(out.usage.completion_tokens, 12, 'every choice: 3 × 4');
+  t.equal(out.usage.total_tokens, out.usage.prompt_tokens + 12);
+  t.ok(charged <= out.usage.total_tokens, `the charge (${charged}) is within what the usage says was read and written`);
 });
 
 // An outside audit: llama.cpp writes a completion's usage and timings into its finishing chunk;
