@@ -115,6 +115,8 @@ export interface ExcerptOptions {
    * text that is not JSON.
    */
   asRefusal?: boolean;
+  /** Choices to answer (the request's `n`): each carries the excerpt. Default 1. */
+  n?: number;
 }
 
 /** Whether a request's excerpt goes as a refusal: it asked for structured output (`response_format: json_schema`). */
@@ -123,15 +125,19 @@ export function excerptAsRefusal(body: Record<string, unknown>): boolean {
   return format?.type === 'json_schema';
 }
 
-/** A non-streamed `chat.completion` carrying the excerpt: finish_reason `stop`, no tool calls. */
+/** The excerpt as a choice's message: its content, or its refusal for structured output. */
+export function excerptMessage(text: string, asRefusal = false): Record<string, unknown> {
+  return asRefusal ? { role: 'assistant', content: null, refusal: text } : { role: 'assistant', content: text, refusal: null };
+}
+
+/** A non-streamed `chat.completion` carrying the excerpt in each of its choices: finish_reason `stop`, no tool calls. */
 export function excerptCompletion(model: string, text: string, opts: ExcerptOptions = {}): Record<string, unknown> {
-  const message = opts.asRefusal ? { role: 'assistant', content: null, refusal: text } : { role: 'assistant', content: text, refusal: null };
   return {
     id: opts.id ?? newId(),
     object: 'chat.completion',
     created: opts.created ?? nowSeconds(),
     model,
-    choices: [{ index: 0, message, logprobs: null, finish_reason: 'stop' }],
+    choices: Array.from({ length: opts.n ?? 1 }, (_, index) => ({ index, message: excerptMessage(text, opts.asRefusal), logprobs: null, finish_reason: 'stop' })),
   };
 }
 
@@ -149,15 +155,18 @@ export function excerptStreamChunks(
   opts: ExcerptOptions = {},
 ): Record<string, unknown>[] {
   const base = { id: opts.id ?? newId(), object: 'chat.completion.chunk', created: opts.created ?? nowSeconds(), model };
-  const chunk = (delta: Record<string, unknown>, finish: string | null) => ({
-    ...base,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
-    ...(includeUsage ? { usage: null } : {}),
-  });
   const field = opts.asRefusal ? 'refusal' : 'content';
-  const chunks = [chunk(opts.asRefusal ? { role: 'assistant', content: null, refusal: '' } : { role: 'assistant', content: '' }, null)];
-  for (const piece of splitText(text, STREAM_PIECE_CHARS)) chunks.push(chunk({ [field]: piece }, null));
-  chunks.push(chunk({}, 'stop'));
+  const chunks: Record<string, unknown>[] = [];
+  for (let index = 0; index < (opts.n ?? 1); index++) {
+    const chunk = (delta: Record<string, unknown>, finish: string | null) => ({
+      ...base,
+      choices: [{ index, delta, logprobs: null, finish_reason: finish }],
+      ...(includeUsage ? { usage: null } : {}),
+    });
+    chunks.push(chunk(opts.asRefusal ? { role: 'assistant', content: null, refusal: '' } : { role: 'assistant', content: '' }, null));
+    for (const piece of splitText(text, STREAM_PIECE_CHARS)) chunks.push(chunk({ [field]: piece }, null));
+    chunks.push(chunk({}, 'stop'));
+  }
   return chunks;
 }
 

@@ -16,6 +16,11 @@ export interface CompletionStripResult {
   toolsProposed: boolean;
   /** True when no choice has visible text left: the caller answers with the evidence excerpt. */
   empty: boolean;
+  /**
+   * Positions in `choices` of the choices that are no answer — they proposed tools, or have no
+   * visible text left: with `n > 1`, the ones the excerpt stands in for, the others kept.
+   */
+  failed: number[];
 }
 
 const TOOL_FINISH = new Set(['tool_calls', 'function_call']);
@@ -28,15 +33,18 @@ export function stripToolCallsFromCompletion(json: unknown): CompletionStripResu
   let stripped = false;
   let toolsProposed = false;
   let visible = false;
+  const failed: number[] = [];
   const choices = isObject(body) && Array.isArray(body.choices) ? body.choices : [];
 
-  for (const choice of choices) {
+  for (const [at, choice] of choices.entries()) {
     if (!isObject(choice)) continue;
+    let proposed = false;
+    let shown = false;
     const message = isObject(choice.message) ? choice.message : null;
     if (message !== null) {
       for (const field of ['tool_calls', 'function_call']) {
         if (!(field in message)) continue;
-        if (nonEmpty(message[field])) toolsProposed = true;
+        if (nonEmpty(message[field])) proposed = true;
         delete message[field];
         stripped = true;
       }
@@ -44,21 +52,24 @@ export function stripToolCallsFromCompletion(json: unknown): CompletionStripResu
         const r = stripMarkup(message.content);
         // What surrounded the markup was layout for it (blank lines), not part of an answer.
         const content = r.found ? r.text.trim() : r.text;
-        if (r.found) stripped = toolsProposed = true;
+        if (r.found) stripped = proposed = true;
         message.content = content;
-        if (showsText(content)) visible = true;
+        if (showsText(content)) shown = true;
       }
       // A refusal is the model's answer too, if not the one asked for; so is an answer spoken in
       // audio (its content is null, its transcript the text).
-      if (typeof message.refusal === 'string' && showsText(message.refusal)) visible = true;
-      if (isObject(message.audio) && typeof message.audio.transcript === 'string' && showsText(message.audio.transcript)) visible = true;
+      if (typeof message.refusal === 'string' && showsText(message.refusal)) shown = true;
+      if (isObject(message.audio) && typeof message.audio.transcript === 'string' && showsText(message.audio.transcript)) shown = true;
     }
     if (typeof choice.finish_reason === 'string' && TOOL_FINISH.has(choice.finish_reason)) {
       choice.finish_reason = 'stop';
-      stripped = toolsProposed = true;
+      stripped = proposed = true;
     }
+    if (proposed) toolsProposed = true;
+    if (shown) visible = true;
+    if (proposed || !shown) failed.push(at);
   }
-  return { body, stripped, toolsProposed, empty: !visible };
+  return { body, stripped, toolsProposed, empty: !visible, failed };
 }
 
 export interface StreamFilterSummary {

@@ -4,6 +4,7 @@
 
 import type { Dispatcher } from 'undici';
 import { stripToolCallsFromCompletion } from '../../metering/runs/strip-tool-calls.js';
+import { evidenceExcerpt, excerptAsRefusal, excerptMessage } from '../../metering/runs/evidence-excerpt.js';
 import { quotingUpstream } from '../errors.js';
 import { badUpstreamResponse } from './forward.js';
 import { upstreamErrorIn } from './upstream-error-body.js';
@@ -29,8 +30,12 @@ export interface JsonOutcome {
   texts: string[];
   /** A choice's message carries audio the model spoke (`carriesAudio`), which `texts` cannot count. */
   audio: boolean;
-  toolsProposed: boolean;
-  empty: boolean;
+  /**
+   * A final turn that is no answer (SPEC §5): `whole` when no choice answered — it proposed tools
+   * again or left no text — and the caller answers with the evidence excerpt; `partial` when some
+   * of its `n` choices did and the excerpt already stands in `body` for the others.
+   */
+  fallback: 'none' | 'partial' | 'whole';
 }
 
 function isObject(v: unknown): v is Json {
@@ -93,14 +98,19 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
   });
   let body = clean;
   let raw: string | null = clean === parsed ? text : null;
-  let toolsProposed = false;
-  let empty = false;
+  let fallback: JsonOutcome['fallback'] = 'none';
   if (plan.mode === 'final-answer') {
     raw = null;
     const stripped = stripToolCallsFromCompletion(clean);
     body = stripped.body as Json;
-    toolsProposed = stripped.toolsProposed;
-    empty = stripped.empty;
+    const answers = Array.isArray(body.choices) ? body.choices : [];
+    if (stripped.failed.length >= answers.length) fallback = 'whole';
+    else if (stripped.failed.length > 0) {
+      // With n > 1, the choices that answered are kept, and the excerpt stands in for the others.
+      const message = excerptMessage(evidenceExcerpt(plan.valid.messages ?? []), excerptAsRefusal(plan.valid.body));
+      for (const at of stripped.failed) answers[at] = { ...(answers[at] as Json), message, finish_reason: 'stop' };
+      fallback = 'partial';
+    }
   }
   return {
     body,
@@ -109,7 +119,6 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
     timings: isObject(parsed.timings) ? parsed.timings : null,
     texts,
     audio: choices.some((choice) => isObject(choice.message) && carriesAudio(choice.message)),
-    toolsProposed,
-    empty,
+    fallback,
   };
 }

@@ -347,23 +347,26 @@ async function relayAdmitted(
     const texts = providerOutputTrusted(plan, json.usage)
       ? []
       : await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
-    // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5).
-    const fallback = plan.mode === 'final-answer' && (json.empty || json.toolsProposed);
+    // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5)
+    // — for every choice, or, with n > 1, for those that did not answer (relay-json.ts).
+    const fallback = json.fallback === 'whole';
     outcome = {
       status: 200,
       countedOutput: texts.reduce((a, b) => a + b, 0),
       countedMethod: counter.method,
       usage: json.usage,
       timings: json.timings,
-      fallback,
+      fallback: json.fallback !== 'none',
       refundAll: false,
       uncountedAudio: json.audio,
     };
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
     finishLog(200);
-    if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, notices) }, settled);
-    reply.code(200).headers({ ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled) });
+    const partial: Record<string, string> = json.fallback === 'partial' ? { 'x-tollgate-fallback': 'evidence-excerpt' } : {};
+    if (json.fallback === 'partial') gw.metrics.fallback.inc();
+    if (answeredWhole) return sendAsStream(plan, reply, json, { ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, notices), ...partial }, settled);
+    reply.code(200).headers({ ...upstreamHeaders(res.headers, plan.upstream.apiKey), ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), ...partial });
     // A llama.cpp server's usage for a prompt array or n > 1 is row 0's and choice 0's: the client
     // gets the gateway's figures for them, as a stream's usage chunk gives them.
     if (json.usage !== null && usageUnderReported(plan)) reply.send({ ...json.body, usage: { ...json.usage, ...usageChunkFigures(plan, null, settled) } });
@@ -416,7 +419,7 @@ async function relayAdmitted(
     let meta = streamed.meta;
     if (fallback) {
       const text = evidenceExcerpt(plan.valid.messages ?? []);
-      const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body) });
+      const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n });
       for (const chunk of chunks) raw.write(sseData(chunk));
       const { choices: _c, ...first } = chunks[0] as Record<string, unknown>;
       meta = first;
@@ -443,11 +446,11 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   const headers = { ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), 'x-tollgate-fallback': 'evidence-excerpt' };
   finishLog(200);
   if (!plan.valid.stream) {
-    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body) }));
+    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n }));
     return;
   }
   let body = '';
-  const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body) });
+  const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n });
   for (const chunk of chunks) body += sseData(chunk);
   // The model generated nothing here (its turn failed): usage says so, if the client asked for it.
   if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } });
@@ -486,7 +489,7 @@ function sendAsStream(plan: Plan, reply: FastifyReply, json: Awaited<ReturnType<
     const { choices: _c, ...meta } = chunks[0] ?? {};
     body += sseData({ ...meta, choices: [], usage });
   }
-  body += closingComment(settled, false);
+  body += closingComment(settled, json.fallback === 'partial');
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
 }

@@ -76,6 +76,18 @@ t.test('an answer spoken in audio is an answer', async (t) => {
   t.equal(f.finish().visibleText, true);
 });
 
+t.test('with several choices, the ones that are no answer are named', async (t) => {
+  const body = { choices: [
+    { index: 0, message: { role: 'assistant', content: 'Canberra.' }, finish_reason: 'stop' },
+    { index: 1, message: { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{}' } }] }, finish_reason: 'tool_calls' },
+    { index: 2, message: { role: 'assistant', content: ' ' }, finish_reason: 'stop' },
+    { index: 3, message: { role: 'assistant', content: 'Canberra. <tool_call>{"name":"f"}</tool_call>' }, finish_reason: 'stop' },
+  ] };
+  const r = stripToolCallsFromCompletion(body);
+  t.same(r.failed, [1, 2, 3], 'tools proposed, no text, text then markup');
+  t.equal(r.empty, false);
+});
+
 t.test('an answer that was only markup is empty', async (t) => {
   const r = stripToolCallsFromCompletion(completion({ content: '  <tool_call>{"name":"f"}</tool_call>\n' }));
   t.equal(firstMessage(r.body).content, '');

@@ -1,0 +1,94 @@
+// A final answer asked for with `n > 1` (an outside audit): a turn in which one choice answered and
+// another proposed tools again came back as one choice, the excerpt, and the answer was lost; and
+// when no choice answered, the excerpt came as one choice where the client asked for two.
+import t, { type Test } from 'tap';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { startGateway, openaiUpstream, type TestGateway } from '../helpers/gateway.js';
+import { EXCERPT_FIRST_LINE } from '../../metering/runs/evidence-excerpt.js';
+
+type Json = Record<string, unknown>;
+const ANSWER = 'Tollgate meters tokens and money.';
+const call = { id: 'call_9', type: 'function', function: { name: 'search', arguments: '{"q":"again"}' } };
+
+/** An upstream whose choices answer (`a`) or propose a tool again (`t`), as `pattern` says. */
+async function gateway(t: Test, pattern: string): Promise<TestGateway> {
+  const upstream = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const choices = [...pattern].map((p, index) =>
+        p === 'a'
+          ? { index, message: { role: 'assistant', content: ANSWER }, finish_reason: 'stop' }
+          : { index, message: { role: 'assistant', content: null, tool_calls: [call] }, finish_reason: 'tool_calls' },
+      );
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices, usage: { prompt_tokens: 60, completion_tokens: 20, total_tokens: 80 } }));
+    });
+  });
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
+  return startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)], runs: { maxToolRounds: 1 } });
+}
+
+/** The request after the run's first tool round: with maxToolRounds 1, its final answer. */
+const finalTurn = (stream: boolean) => ({
+  model: 'gpt-4o-mini',
+  n: 2,
+  stream,
+  messages: [
+    { role: 'user', content: 'What does Tollgate meter?' },
+    { role: 'assistant', content: null, tool_calls: [{ ...call, id: 'call_1', function: { name: 'search', arguments: '{"q":"tollgate"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: 'EVIDENCE: Tollgate meters tokens and money.' },
+  ],
+  tools: [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }],
+  max_tokens: 100,
+});
+
+async function post(gw: TestGateway, stream: boolean): Promise<{ res: Response; choices: Array<{ index: number; text: string; finish: string | null; toolCalls: boolean }> }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(finalTurn(stream)) });
+  const byIndex = new Map<number, { index: number; text: string; finish: string | null; toolCalls: boolean }>();
+  const at = (index: number) => byIndex.get(index) ?? byIndex.set(index, { index, text: '', finish: null, toolCalls: false }).get(index)!;
+  if (!stream) {
+    for (const c of ((await res.json()) as { choices: Array<{ index: number; message: Json; finish_reason: string }> }).choices) {
+      Object.assign(at(c.index), { text: String(c.message.content ?? ''), finish: c.finish_reason, toolCalls: 'tool_calls' in c.message });
+    }
+  } else {
+    for (const event of (await res.text()).split('\n\n')) {
+      if (!event.startsWith('data: {')) continue;
+      for (const c of (JSON.parse(event.slice(6)) as { choices: Array<{ index: number; delta: Json; finish_reason: string | null }> }).choices) {
+        const choice = at(c.index);
+        if (typeof c.delta.content === 'string') choice.text += c.delta.content;
+        if ('tool_calls' in c.delta) choice.toolCalls = true;
+        if (c.finish_reason) choice.finish = c.finish_reason;
+      }
+    }
+  }
+  return { res, choices: [...byIndex.values()].sort((a, b) => a.index - b.index) };
+}
+
+t.test('n = 2, one choice answers and one proposes tools: the answer is kept, the excerpt stands in for the other', async (t) => {
+  const gw = await gateway(t, 'at');
+  const { res, choices } = await post(gw, false);
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+  t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt', 'the excerpt answered one of them');
+  t.equal(choices.length, 2);
+  t.match(choices[0], { text: ANSWER, finish: 'stop', toolCalls: false }, "the model's answer");
+  t.equal(choices[1]!.text.split('\n')[0], EXCERPT_FIRST_LINE, 'the excerpt for the choice that proposed tools');
+  t.match(choices[1], { finish: 'stop', toolCalls: false });
+  for await (const row of gw.ledger.exportRows(null, null)) t.equal(row.fallback, true, 'the row says the excerpt answered');
+});
+
+for (const stream of [false, true]) {
+  t.test(`n = 2, no choice answers: the excerpt in each of the two choices (${stream ? 'streamed' : 'not streamed'})`, async (t) => {
+    const gw = await gateway(t, 'tt');
+    const { res, choices } = await post(gw, stream);
+    t.equal(res.status, 200);
+    t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+    t.same(choices.map((c) => c.index), [0, 1], 'two choices, as asked');
+    for (const c of choices) {
+      t.equal(c.text.split('\n')[0], EXCERPT_FIRST_LINE);
+      t.match(c, { finish: 'stop', toolCalls: false });
+    }
+  });
+}
