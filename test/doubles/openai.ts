@@ -128,7 +128,11 @@ export async function startOpenAiDouble(options: OpenAiDoubleOptions = {}): Prom
       const inputs = Array.isArray(body.input) ? body.input : [body.input];
       // OpenAI's embeddings usage has the prompt alone: no completion, no cached figure.
       const embeddingsUsage = { prompt_tokens: promptTokens, total_tokens: promptTokens };
-      return json(200, { object: 'list', model, data: inputs.map((_, i) => ({ object: 'embedding', index: i, embedding: [0.1, 0.2, 0.3] })), ...(o.omitUsage ? {} : { usage: embeddingsUsage }) });
+      // `encoding_format: "base64"` (the openai SDK's default) is answered as OpenAI does: the
+      // little-endian float32 bytes, base64.
+      const vector = [0.1, 0.2, 0.3];
+      const embedding = body.encoding_format === 'base64' ? Buffer.from(new Float32Array(vector).buffer).toString('base64') : vector;
+      return json(200, { object: 'list', model, data: inputs.map((_, i) => ({ object: 'embedding', index: i, embedding })), ...(o.omitUsage ? {} : { usage: embeddingsUsage }) });
     }
     const isChat = path.endsWith('/chat/completions');
     const calls = isChat && o.toolCalls ? o.toolCalls(body) : null;

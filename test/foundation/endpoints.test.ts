@@ -70,6 +70,11 @@ t.test('embeddings pass through: rows counted, no allowance, no max_tokens added
   t.match(row, { endpoint: 'embeddings', rows: 2, allowance: 0, generated_tokens: 0, refund_tokens: 0, status: 200 });
   t.equal(row.prompt_tokens, 4, '"first row" + "second row": 2 + 2 tokens');
   t.equal(row.charge_tokens, row.prompt_charge);
+  // The SDK's default asks for base64 (as OpenAI answers it, the float32 bytes): passed through, it
+  // decodes to the same vector.
+  const base64 = await client.embeddings.create({ model: 'text-embedding-3-small', input: 'third row' });
+  t.equal(base64.data[0]!.embedding.length, 3);
+  t.ok(base64.data[0]!.embedding.every((x, k) => Math.abs(x - [0.1, 0.2, 0.3][k]!) < 1e-6), 'the same vector, through base64');
 });
 
 t.test('embeddings through a llama.cpp upstream', async (t) => {
