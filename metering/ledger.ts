@@ -338,8 +338,9 @@ export interface Ledger {
   exportRows(sinceMs: number | null, untilMs: number | null, by?: ExportWindow): AsyncIterable<LedgerRow>;
   /**
    * Retention: delete up to `limit` rows that finished (were settled or recovered) before
-   * `untilMs` — the time the `settled` export is on — the first finished first; returns how many went. Open reservations are never deleted, and no budget, spend
-   * or cap reads these rows (they keep their own counters), so nothing but the export changes.
+   * `untilMs` — the time the `settled` export is on — the first finished first; returns how many
+   * went. Open reservations are never deleted, and no budget, spend or cap reads these rows (they
+   * keep their own counters), so nothing but the export changes.
    */
   pruneRows(untilMs: number, limit: number): Promise<number>;
   /**
