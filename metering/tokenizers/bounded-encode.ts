@@ -13,6 +13,7 @@
 import { get_encoding, type Tiktoken, type TiktokenEncoding } from '@dqbd/tiktoken';
 import { countOrdinary } from './segment-count.js';
 import { countWithLongPreTokens } from './long-pretoken.js';
+import { ownString } from '../own-string.js';
 
 /** Longest run (of non-whitespace, or of whitespace) encoded in one piece. */
 export const MAX_PIECE = 256;
@@ -156,7 +157,7 @@ function countPiece(enc: Tiktoken, encoding: string, piece: string, budget: Budg
   const n = enc.encode_ordinary(piece).length;
   budget.seen.set(piece, n);
   if (memo.size >= PIECE_MEMO_LIMIT) memo.clear();
-  memo.set(piece, n);
+  memo.set(ownString(piece), n);
   return n;
 }
 

@@ -16,6 +16,7 @@
 // the equality against `encode_ordinary` on prose, code, JSON, many scripts and random text.
 
 import type { Tiktoken } from '@dqbd/tiktoken';
+import { ownString } from '../own-string.js';
 
 /** Segments longer than this are not memoised (they rarely repeat) and are encoded in one batch. */
 export const MAX_MEMO_SEGMENT = 48;
@@ -77,7 +78,7 @@ export function countOrdinary(enc: Tiktoken, text: string): number {
     const count = enc.encode_ordinary(segment).length;
     learnt++;
     if (memo.size >= SEGMENT_MEMO_LIMIT) memo.clear();
-    memo.set(segment, count);
+    memo.set(ownString(segment), count);
     tokens += count;
   }
   if (batch.length > 0) tokens += enc.encode_ordinary(batch).length;
