@@ -94,7 +94,8 @@ export class PrefixMemo {
   /**
    * Remembers this request's messages (not copied: request bodies are never mutated) with their
    * chain and counts. `from` is the match this request was planned with: the list it grew from is
-   * dropped (one entry per conversation), and its size is carried over rather than measured again.
+   * dropped (one entry per conversation), and its size is carried over rather than measured again,
+   * with its messages — the ones that size was measured on.
    */
   remember(scope: string, messages: readonly ChatMessage[], chain: readonly string[], counts: KnownCounts | null, from: PrefixMatch | null): void {
     if (this.maxBytes <= 0 || messages.length === 0) return;
@@ -109,7 +110,13 @@ export class PrefixMemo {
     if (bytes > this.maxBytes) return;
     // A list seen again keeps the length it first grew from.
     const earlier = previous === undefined ? null : previous.messages.length < messages.length ? previous.messages.length : previous.earlier;
-    const entry: Entry = { key, earlier, messages, chain, counts, bytes, older: null, newer: null };
+    // The leading messages are kept as they were measured: the earlier list's objects. This
+    // request's copies of them are equal only canonically — a member that is null is no member —
+    // and an outside audit sent them back with 1 MB of null members' names each, held by the memo
+    // while it counted the 1.7 KB measured before.
+    const kept =
+      previous === undefined ? messages : previous.messages.length === messages.length ? previous.messages : previous.messages.concat(messages.slice(previous.messages.length));
+    const entry: Entry = { key, earlier, messages: kept, chain, counts, bytes, older: null, newer: null };
     this.entries.set(key, entry);
     this.link(entry);
     this.bytes += bytes;

@@ -2,6 +2,8 @@
 // token counts of the leading messages it shares with an earlier turn this process saw, and works
 // only on what it added — with results identical to computing everything again.
 import t from 'tap';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { canonicalEqual, MAX_NEW_MESSAGES, PrefixMemo } from '../../metering/prefix-memo.js';
 import { chainHashes } from '../../metering/runs/run-state.js';
 import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
@@ -234,4 +236,32 @@ t.test('tokenCache.prefixMemoBytes sizes the memo; 0 turns it off', async (t) =>
   t.equal(res.status, 200);
   await res.text();
   t.same(gw.app.gateway.prefixMemo.stats(), { entries: 0, bytes: 0, maxBytes: 0 });
+});
+
+// An outside audit: a list that grew was sized as the earlier list plus its new messages, and kept
+// this request's copies of the earlier ones, which match canonically — a null member is no member —
+// whatever members they add. Resent with 1 MB of null members' names each, 200 conversations held
+// 200 MB while the memo counted a few hundred KB.
+t.test("a list that grew keeps the earlier list's messages, the ones its size was measured on", async (t) => {
+  setFlagsFromString('--expose-gc');
+  const gc = runInNewContext('gc') as () => void;
+  const memo = new PrefixMemo();
+  gc();
+  const before = process.memoryUsage().heapUsed;
+  for (let c = 0; c < 200; c++) {
+    const turn1: ChatMessage[] = [{ role: 'user', content: `Conversation ${c}: what is the capital of France?` }];
+    memo.remember('k', turn1, chainHashes(turn1), null, null);
+    // The same message, with a null member whose name is 1 MB long, then a new one.
+    const fat = { role: 'user', content: `Conversation ${c}: what is the capital of France?`, ['x'.repeat(1 << 20) + c]: null } as unknown as ChatMessage;
+    const turn2: ChatMessage[] = [fat, { role: 'assistant', content: `Paris (${c}).` }];
+    const from = memo.match('k', turn2);
+    t.equal(from?.length, 1, `conversation ${c}: the first message matched`);
+    memo.remember('k', turn2, chainHashes(turn2, from?.chain), null, from);
+  }
+  // Twice: one full collection can leave large strings it freed for the next to give back.
+  gc();
+  gc();
+  const grown = process.memoryUsage().heapUsed - before;
+  t.ok(grown < 20_000_000, `200 MB of null members' names were sent; the heap grew ${(grown / 1e6).toFixed(1)} MB`);
+  t.ok(memo.stats().bytes < 1_000_000, 'and the memo counts what it holds');
 });
