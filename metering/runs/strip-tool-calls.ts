@@ -79,6 +79,10 @@ export interface StreamFilterSummary {
   visibleText: boolean;
   toolsProposed: boolean;
   stripped: boolean;
+  /** The choices (by index) whose non-blank content reached the client. */
+  visibleIn: ReadonlySet<number>;
+  /** The choices (by index) that proposed tools. */
+  proposedIn: ReadonlySet<number>;
 }
 
 /**
@@ -91,8 +95,8 @@ export class StreamToolCallFilter {
   private readonly strippers = new Map<number, MarkupStripper>();
   private readonly finished = new Set<number>();
   private meta: Json = {};
-  private visible = false;
-  private proposed = false;
+  private readonly visible = new Set<number>();
+  private readonly proposed = new Set<number>();
   private removed = false;
 
   push(chunk: unknown): Json | null {
@@ -116,15 +120,17 @@ export class StreamToolCallFilter {
     for (const [index, stripper] of this.strippers) {
       if (this.finished.has(index)) continue;
       const text = stripper.finish();
-      this.noteText(text);
+      this.noteText(index, text);
       if (text !== '') choices.push({ index, delta: { content: text }, finish_reason: null });
     }
     this.markupFound();
     return {
       chunk: choices.length > 0 ? { ...this.meta, choices } : null,
-      visibleText: this.visible,
-      toolsProposed: this.proposed,
+      visibleText: this.visible.size > 0,
+      toolsProposed: this.proposed.size > 0,
       stripped: this.removed,
+      visibleIn: this.visible,
+      proposedIn: this.proposed,
     };
   }
 
@@ -134,7 +140,7 @@ export class StreamToolCallFilter {
     const delta: Json = isObject(raw.delta) ? { ...raw.delta } : {};
     for (const field of ['tool_calls', 'function_call']) {
       if (!(field in delta)) continue;
-      if (nonEmpty(delta[field])) this.proposed = true;
+      if (nonEmpty(delta[field])) this.proposed.add(index);
       delete delta[field];
       this.removed = true;
     }
@@ -151,14 +157,15 @@ export class StreamToolCallFilter {
       if (text !== '' || original === '') delta.content = text;
       else delete delta.content;
     }
-    this.noteText(text);
-    if (typeof delta.refusal === 'string') this.noteText(delta.refusal);
-    if (isObject(delta.audio) && typeof delta.audio.transcript === 'string') this.noteText(delta.audio.transcript);
+    this.noteText(index, text);
+    if (typeof delta.refusal === 'string') this.noteText(index, delta.refusal);
+    if (isObject(delta.audio) && typeof delta.audio.transcript === 'string') this.noteText(index, delta.audio.transcript);
     this.markupFound();
 
     if (ending && TOOL_FINISH.has(raw.finish_reason as string)) {
       choice.finish_reason = 'stop';
-      this.proposed = this.removed = true;
+      this.proposed.add(index);
+      this.removed = true;
     }
     choice.delta = delta;
     const meaningful = Object.values(delta).some((v) => v !== null && v !== undefined && v !== '');
@@ -174,13 +181,15 @@ export class StreamToolCallFilter {
     return s;
   }
 
-  private noteText(text: string): void {
-    if (showsText(text)) this.visible = true;
+  private noteText(index: number, text: string): void {
+    if (showsText(text)) this.visible.add(index);
   }
 
   private markupFound(): void {
-    for (const s of this.strippers.values()) {
-      if (s.found) this.proposed = this.removed = true;
+    for (const [index, s] of this.strippers) {
+      if (!s.found) continue;
+      this.proposed.add(index);
+      this.removed = true;
     }
   }
 }

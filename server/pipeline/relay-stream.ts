@@ -374,14 +374,20 @@ export async function relayStream(
     if (summary.chunk) write(sseData(summary.chunk));
     // Text went out, then the model proposed tools again, or the upstream failed part way: the
     // turn is no answer (SPEC §5). The excerpt follows the text — it cannot be taken back — under
-    // its own first line. (With no text at all, the caller answers with the excerpt alone.)
+    // its own first line. With n > 1, only in the choices that are no answer (proposed tools, or
+    // wrote nothing: then the excerpt is all they say); the others stand. (With no text in any
+    // choice, the caller answers with the excerpt alone.)
     const failed = out.upstreamLost || out.upstreamError !== null;
-    if ((out.toolsProposed || failed) && out.visibleText && !out.clientGone) {
-      const content = `\n\n${evidenceExcerpt(plan.valid.messages ?? [])}`;
+    if (out.visibleText && !out.clientGone) {
+      const excerpt = evidenceExcerpt(plan.valid.messages ?? []);
       // For structured output, as a refusal: the SDKs parse content as JSON, which this is not.
       const field = excerptAsRefusal(plan.valid.body) ? 'refusal' : 'content';
-      for (let index = 0; index < choicesExpected; index++) write(sseData({ ...out.meta, choices: [{ index, delta: { [field]: content }, finish_reason: null }] }));
-      out.excerptAppended = true;
+      for (let index = 0; index < choicesExpected; index++) {
+        const shown = summary.visibleIn.has(index);
+        if (!failed && shown && !summary.proposedIn.has(index)) continue;
+        write(sseData({ ...out.meta, choices: [{ index, delta: { [field]: shown ? `\n\n${excerpt}` : excerpt }, finish_reason: null }] }));
+        out.excerptAppended = true;
+      }
     }
   }
   if (heldFinish.length > 0) {

@@ -11,18 +11,37 @@ type Json = Record<string, unknown>;
 const ANSWER = 'Tollgate meters tokens and money.';
 const call = { id: 'call_9', type: 'function', function: { name: 'search', arguments: '{"q":"again"}' } };
 
-/** An upstream whose choices answer (`a`) or propose a tool again (`t`), as `pattern` says. */
-async function gateway(t: Test, pattern: string): Promise<TestGateway> {
+/**
+ * An upstream whose choices answer (`a`), propose a tool again (`t`) or write nothing (`e`), as
+ * `pattern` says: a whole answer, or, with `sse`, a stream of the choices' chunks.
+ */
+async function gateway(t: Test, pattern: string, sse = false): Promise<TestGateway> {
   const upstream = createServer((req, res) => {
     req.resume();
     req.on('end', () => {
+      const usage = { prompt_tokens: 60, completion_tokens: 20, total_tokens: 80 };
+      const head = { id: 'chatcmpl-1', created: 1, model: 'gpt-4o-mini' };
+      if (sse) {
+        const event = (choices: Json[], extra: Json = {}) => `data: ${JSON.stringify({ ...head, object: 'chat.completion.chunk', choices, ...extra })}\n\n`;
+        let body = '';
+        for (const [index, p] of [...pattern].entries()) {
+          const delta = p === 'a' ? { role: 'assistant', content: ANSWER } : p === 't' ? { role: 'assistant', tool_calls: [{ index: 0, ...call }] } : { role: 'assistant', content: '' };
+          body += event([{ index, delta, finish_reason: null }]);
+        }
+        for (const [index, p] of [...pattern].entries()) body += event([{ index, delta: {}, finish_reason: p === 't' ? 'tool_calls' : 'stop' }]);
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(body + event([], { usage }) + 'data: [DONE]\n\n');
+        return;
+      }
       const choices = [...pattern].map((p, index) =>
         p === 'a'
           ? { index, message: { role: 'assistant', content: ANSWER }, finish_reason: 'stop' }
-          : { index, message: { role: 'assistant', content: null, tool_calls: [call] }, finish_reason: 'tool_calls' },
+          : p === 't'
+            ? { index, message: { role: 'assistant', content: null, tool_calls: [call] }, finish_reason: 'tool_calls' }
+            : { index, message: { role: 'assistant', content: '' }, finish_reason: 'stop' },
       );
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion', created: 1, model: 'gpt-4o-mini', choices, usage: { prompt_tokens: 60, completion_tokens: 20, total_tokens: 80 } }));
+      res.end(JSON.stringify({ ...head, object: 'chat.completion', choices, usage }));
     });
   });
   await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
@@ -73,7 +92,8 @@ t.test('n = 2, one choice answers and one proposes tools: the answer is kept, th
   t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
   t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt', 'the excerpt answered one of them');
   t.equal(choices.length, 2);
-  t.match(choices[0], { text: ANSWER, finish: 'stop', toolCalls: false }, "the model's answer");
+  t.equal(choices[0]!.text, ANSWER, "the model's answer");
+  t.match(choices[0], { finish: 'stop', toolCalls: false });
   t.equal(choices[1]!.text.split('\n')[0], EXCERPT_FIRST_LINE, 'the excerpt for the choice that proposed tools');
   t.match(choices[1], { finish: 'stop', toolCalls: false });
   for await (const row of gw.ledger.exportRows(null, null)) t.equal(row.fallback, true, 'the row says the excerpt answered');
@@ -90,5 +110,20 @@ for (const stream of [false, true]) {
       t.equal(c.text.split('\n')[0], EXCERPT_FIRST_LINE);
       t.match(c, { finish: 'stop', toolCalls: false });
     }
+  });
+}
+
+// A review: the streamed final answer still judged its choices together — the excerpt went after
+// every choice's text when one proposed tools, and a choice that wrote nothing was left empty.
+for (const [pattern, what] of [['at', 'proposes tools'], ['ae', 'writes nothing']] as const) {
+  t.test(`streamed, n = 2, one choice answers and one ${what}: the excerpt in that one alone`, async (t) => {
+    const gw = await gateway(t, pattern, true);
+    const { res, choices } = await post(gw, true);
+    t.equal(res.status, 200);
+    t.equal(choices.length, 2);
+    t.equal(choices[0]!.text, ANSWER, "the model's answer, nothing after it");
+    t.match(choices[0], { finish: 'stop', toolCalls: false });
+    t.equal(choices[1]!.text.trim().split('\n')[0], EXCERPT_FIRST_LINE, 'the excerpt in the other');
+    t.match(choices[1], { finish: 'stop', toolCalls: false });
   });
 }
