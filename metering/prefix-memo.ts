@@ -99,7 +99,10 @@ export class PrefixMemo {
    */
   remember(scope: string, messages: readonly ChatMessage[], chain: readonly string[], counts: KnownCounts | null, from: PrefixMatch | null): void {
     if (this.maxBytes <= 0 || messages.length === 0) return;
-    const previous = from === null ? undefined : this.entries.get((from.entry as Entry).key);
+    // The list this one grew from, if the memo still holds it: another list of the same key (the
+    // same length and last message) may have taken its place while this request was counted.
+    const matched = from === null ? undefined : (from.entry as Entry);
+    const previous = matched !== undefined && this.entries.get(matched.key) === matched ? matched : undefined;
     const bytes = previous === undefined
       ? ENTRY_OVERHEAD_BYTES + approximateBytes(messages, 0)
       : previous.bytes + approximateBytes(messages, previous.messages.length);

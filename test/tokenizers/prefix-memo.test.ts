@@ -265,3 +265,30 @@ t.test("a list that grew keeps the earlier list's messages, the ones its size wa
   t.ok(grown < 20_000_000, `200 MB of null members' names were sent; the heap grew ${(grown / 1e6).toFixed(1)} MB`);
   t.ok(memo.stats().bytes < 1_000_000, 'and the memo counts what it holds');
 });
+
+// A review: remember() took the list a request grew from by its key, not as matched. Another
+// conversation's list of the same key (same length, same last message) that took its place while
+// the request was counted became the grown list's leading messages, under this conversation's
+// chain: the other conversation's next turn then matched it and took that chain and those counts.
+t.test('a list that grew from an entry since replaced is remembered as its own messages', async (t) => {
+  const memo = new PrefixMemo();
+  const go = () => ({ role: 'user' as const, content: 'Continue.' });
+  const a1: ChatMessage[] = [{ role: 'system', content: 'You are agent A.' }, go()];
+  memo.remember('k', a1, chainHashes(a1), null, null);
+  const a2: ChatMessage[] = [{ role: 'system', content: 'You are agent A.' }, go(), { role: 'assistant', content: 'ok' }, { role: 'user', content: 'next' }];
+  const fromA = memo.match('k', a2);
+  t.equal(fromA?.length, 2);
+  // While a2 is counted, conversation B's first list, of the same key, takes a1's place.
+  const b1: ChatMessage[] = [{ role: 'system', content: 'You are agent B, with a longer prompt.' }, go()];
+  t.equal(memo.match('k', b1), null);
+  memo.remember('k', b1, chainHashes(b1), null, null);
+  memo.remember('k', a2, chainHashes(a2, fromA?.chain), null, fromA);
+  // B's next turn must not find a2's chain.
+  const b2: ChatMessage[] = [{ role: 'system', content: 'You are agent B, with a longer prompt.' }, go(), { role: 'assistant', content: 'ok' }, { role: 'user', content: 'next' }];
+  const m = memo.match('k', b2);
+  t.ok(m === null || m.length === 2, `B's next turn matches at most its own first list (matched ${m?.length})`);
+  if (m !== null) t.same(m.chain, chainHashes(b1), "with B's own chain");
+  // And A's next turn still finds its own.
+  const a3 = [...JSON.parse(JSON.stringify(a2)) as ChatMessage[], { role: 'assistant' as const, content: 'done' }];
+  t.same(memo.match('k', a3)?.chain, chainHashes(a2), "A's next turn finds A's chain");
+});
