@@ -149,7 +149,10 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
           cachedTokens: f.cachedTokens,
           // Audio within them, priced at the audio rates where the price has them.
           inputAudioTokens: tokenFigure((o.usage?.prompt_tokens_details as Json | undefined)?.audio_tokens),
-          outputAudioTokens: audioAllowance ? rawGenerated : tokenFigure((o.usage?.completion_tokens_details as Json | undefined)?.audio_tokens),
+          // The allowance charged for audio no one counted is priced at the audio rate only where
+          // the request asked for audio and admission reserved that rate: the gateway's own figure
+          // never costs more than it reserved (only a provider's real figure can).
+          outputAudioTokens: audioAllowance ? (plan.audioOutput ? rawGenerated : 0) : tokenFigure((o.usage?.completion_tokens_details as Json | undefined)?.audio_tokens),
           // What the provider really generated, even past the allowance (an upstream that ignored
           // max_tokens bills it all); the run's token charge stays within what was reserved.
           outputTokens: rawGenerated,

@@ -583,3 +583,27 @@ t.test('audio the model spoke is priced at the audio output rate when its allowa
   t.ok(row!.cost_usd! >= (1000 * 64) / 1e6, `1,000 tokens at gpt-audio's $64 per Mtok of audio: ${row!.cost_usd}`);
   t.ok(row!.cost_usd! <= row!.worst_case_usd! + 1e-12, 'within what admission reserved');
 });
+
+// A review: audio in the answer to a request that did not ask for it (no OpenAI model does this,
+// but an OpenAI-compatible server may), with no usage: the allowance charged was priced at the
+// audio rate, 6.4 times what admission had reserved at the text rate — a $0.05 budget spent 5 times
+// over in one turn, on the gateway's own figure.
+t.test("audio no one asked for, with no usage: the allowance is charged within what admission reserved", async (t) => {
+  const upstream = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      const message = { role: 'assistant', content: null, audio: { id: 'audio_1', data: Buffer.alloc(960).toString('base64'), expires_at: 1, transcript: 'Canberra.' } };
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...ID, object: 'chat.completion', model: 'gpt-audio', choices: [{ index: 0, message, finish_reason: 'stop' }] }));
+    });
+  });
+  await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', () => r()));
+  t.teardown(() => new Promise<void>((r) => upstream.close(() => r())));
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)], auth: { keys: [{ key: 'tg-unasked', tenant: 'unasked', monthlyBudgetUsd: 0.05 }] } });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Bearer tg-unasked' }, body: JSON.stringify({ model: 'gpt-audio', max_tokens: 4000, messages: [{ role: 'user', content: 'Capital of Australia?' }] }) });
+  t.equal(res.status, 200);
+  const [row] = await rows(gw);
+  t.match(row, { generated_tokens: 4000, output_method: 'allowance:audio' }, 'the whole allowance');
+  t.ok(row!.cost_usd! <= row!.worst_case_usd! + 1e-12, `at the text rate it was reserved at: ${row!.cost_usd} against ${row!.worst_case_usd}`);
+  const month = await gw.ledger.tenantMonth('unasked', row!.time.slice(0, 7));
+  t.ok(month.spentUsd <= 0.05, `the month is within its $0.05: ${month.spentUsd}`);
+});
