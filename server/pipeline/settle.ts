@@ -71,9 +71,12 @@ function trustedCompletionTokens(plan: Plan, usage: Json | null): number | null 
   return completion;
 }
 
-/** A llama.cpp server's usage for a prompt array or n > 1: row 0's and choice 0's alone. */
+/**
+ * A llama.cpp server's usage for a prompt array or n > 1: row 0's and choice 0's alone. (Its
+ * embeddings usage sums every input: fixtures/llamacpp emb-v1-embeddings.)
+ */
 export function usageUnderReported(plan: Plan): boolean {
-  return plan.upstream.config.kind === 'llamacpp' && (plan.valid.n > 1 || plan.rows.rows > 1);
+  return plan.upstream.config.kind === 'llamacpp' && plan.valid.kind !== 'embeddings' && (plan.valid.n > 1 || plan.rows.rows > 1);
 }
 
 /** Whether settlement will take the provider's completion count (so the gateway need not count). */

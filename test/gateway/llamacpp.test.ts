@@ -130,6 +130,16 @@ t.test('a llama.cpp chat answer with n > 1 gives the client the figures of every
   t.ok(charged <= out.usage.total_tokens, `the charge (${charged}) is within what the usage says was read and written`);
 });
 
+t.test("a llama.cpp embeddings answer's usage, which counts every input, goes as the server wrote it", async (t) => {
+  const llama = await startLlamaCppDouble({ embeddings: true });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const direct = (await (await fetch(`${llama.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', input: ['First input row.', 'Second, somewhat longer input row here.'] }) })).json()) as { usage: Json };
+  const res = await fetch(`${gw.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', input: ['First input row.', 'Second, somewhat longer input row here.'] }) });
+  t.equal(res.status, 200);
+  t.same(((await res.json()) as { usage: Json }).usage, direct.usage, 'no completion_tokens added, no figure changed');
+});
+
 // An outside audit: llama.cpp writes a completion's usage and timings into its finishing chunk;
 // passed on, the client had the usage twice (there and in the gateway's usage chunk), and for a
 // prompt array the figures of row 0 alone.
