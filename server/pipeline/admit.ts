@@ -94,7 +94,7 @@ export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusa
   const served = await Promise.all(gw.upstreams.list.map((u) => servedByPattern(gw, u)));
   const candidates = candidatesFromUpstreams(
     gw.upstreams.list.map((u, i) => ({ name: u.name, models: [...u.config.models, ...served[i]!], billing: u.billing, tools: u.config.tools })),
-    (model) => gw.prices.lookup(model),
+    (model) => gw.prices.lookup(model, { at: new Date(plan.time) }),
   );
   const refusal = moneyRefusal({
     scope: r.scope,

@@ -47,7 +47,7 @@ export async function conversationFamily(gw: Gateway, plan: Plan) {
 /** The room past its conversation's own cap a request on a cheaper model has (`roomPastCapUsd`). */
 export function capRoomOf(gw: Gateway, plan: Plan, spend: ConversationSpend | null): number {
   if (plan.upstream.billing !== 'metered' || plan.worstCaseUsd === null || spend === null) return 0;
-  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m), audioOutput: plan.audioOutput });
+  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m, { at: new Date(plan.time) }), audioOutput: plan.audioOutput });
 }
 
 export async function budgetsOf(gw: Gateway, plan: Plan) {

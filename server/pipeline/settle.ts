@@ -141,7 +141,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   }
 
   const providerCost = num(o.usage?.cost);
-  const price = plan.price ?? (plan.upstream.billing === 'plan' ? gw.prices.lookup(plan.model) : null);
+  const price = plan.price ?? (plan.upstream.billing === 'plan' ? gw.prices.lookup(plan.model, { at: new Date(plan.time) }) : null);
   const cost = o.refundAll
     ? { costUsd: 0, savedUsd: null, planWorkUsd: null, source: 'refunded', priceSource: null } // nothing was generated: nothing is owed
     : turnCost({
