@@ -452,8 +452,12 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   let body = '';
   const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n });
   for (const chunk of chunks) body += sseData(chunk);
-  // The model generated nothing here (its turn failed): usage says so, if the client asked for it.
-  if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage: { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } });
+  // Usage, if the client asked for it: nothing where the turn failed and was refunded whole; what
+  // was charged where the model read the prompt and wrote (only tool calls, or nothing visible).
+  if (plan.valid.includeUsage) {
+    const usage = settled.chargeTokens === 0 ? { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } : usageChunkFigures(plan, null, settled);
+    body += sseData({ ...chunks[0], choices: [], usage });
+  }
   body += closingComment(settled, true);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);

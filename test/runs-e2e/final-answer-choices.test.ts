@@ -49,11 +49,18 @@ async function gateway(t: Test, pattern: string, sse = false): Promise<TestGatew
   return startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)], runs: { maxToolRounds: 1 } });
 }
 
+async function collectRows(gw: TestGateway) {
+  const out = [];
+  for await (const row of gw.ledger.exportRows(null, null)) out.push(row);
+  return out;
+}
+
 /** The request after the run's first tool round: with maxToolRounds 1, its final answer. */
 const finalTurn = (stream: boolean) => ({
   model: 'gpt-4o-mini',
   n: 2,
   stream,
+  ...(stream ? { stream_options: { include_usage: true } } : {}),
   messages: [
     { role: 'user', content: 'What does Tollgate meter?' },
     { role: 'assistant', content: null, tool_calls: [{ ...call, id: 'call_1', function: { name: 'search', arguments: '{"q":"tollgate"}' } }] },
@@ -63,7 +70,8 @@ const finalTurn = (stream: boolean) => ({
   max_tokens: 100,
 });
 
-async function post(gw: TestGateway, stream: boolean): Promise<{ res: Response; choices: Array<{ index: number; text: string; finish: string | null; toolCalls: boolean }> }> {
+async function post(gw: TestGateway, stream: boolean): Promise<{ res: Response; usage: Json | null; choices: Array<{ index: number; text: string; finish: string | null; toolCalls: boolean }> }> {
+  let usage: Json | null = null;
   const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(finalTurn(stream)) });
   const byIndex = new Map<number, { index: number; text: string; finish: string | null; toolCalls: boolean }>();
   const at = (index: number) => byIndex.get(index) ?? byIndex.set(index, { index, text: '', finish: null, toolCalls: false }).get(index)!;
@@ -74,7 +82,9 @@ async function post(gw: TestGateway, stream: boolean): Promise<{ res: Response; 
   } else {
     for (const event of (await res.text()).split('\n\n')) {
       if (!event.startsWith('data: {')) continue;
-      for (const c of (JSON.parse(event.slice(6)) as { choices: Array<{ index: number; delta: Json; finish_reason: string | null }> }).choices) {
+      const parsed = JSON.parse(event.slice(6)) as { usage?: Json | null; choices: Array<{ index: number; delta: Json; finish_reason: string | null }> };
+      if (parsed.usage) usage = parsed.usage;
+      for (const c of parsed.choices) {
         const choice = at(c.index);
         if (typeof c.delta.content === 'string') choice.text += c.delta.content;
         if ('tool_calls' in c.delta) choice.toolCalls = true;
@@ -82,7 +92,7 @@ async function post(gw: TestGateway, stream: boolean): Promise<{ res: Response; 
       }
     }
   }
-  return { res, choices: [...byIndex.values()].sort((a, b) => a.index - b.index) };
+  return { res, usage, choices: [...byIndex.values()].sort((a, b) => a.index - b.index) };
 }
 
 t.test('n = 2, one choice answers and one proposes tools: the answer is kept, the excerpt stands in for the other', async (t) => {
@@ -102,10 +112,16 @@ t.test('n = 2, one choice answers and one proposes tools: the answer is kept, th
 for (const stream of [false, true]) {
   t.test(`n = 2, no choice answers: the excerpt in each of the two choices (${stream ? 'streamed' : 'not streamed'})`, async (t) => {
     const gw = await gateway(t, 'tt');
-    const { res, choices } = await post(gw, stream);
+    const { res, usage, choices } = await post(gw, stream);
     t.equal(res.status, 200);
     t.equal(res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
     t.same(choices.map((c) => c.index), [0, 1], 'two choices, as asked');
+    if (stream) {
+      // The model read the prompt and wrote tool calls, and was charged for them: the usage says so.
+      const [row] = await collectRows(gw);
+      t.equal(usage?.completion_tokens, row!.generated_tokens, `the usage chunk has what was charged (${row!.generated_tokens} written)`);
+      t.ok((row!.generated_tokens ?? 0) > 0);
+    }
     for (const c of choices) {
       t.equal(c.text.split('\n')[0], EXCERPT_FIRST_LINE);
       t.match(c, { finish: 'stop', toolCalls: false });
