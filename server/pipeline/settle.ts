@@ -127,7 +127,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   const trusted = provided !== null && provided >= ownExact ? provided : null;
   // Audio the model spoke, with no figure from the provider (a client that left before the usage
   // chunk, an upstream that sends none): the gateway cannot count it, so the turn is charged its
-  // whole allowance, as audio — a conservative figure, never one the client can lower by leaving.
+  // whole allowance — a conservative figure, never one the client can lower by leaving.
   const audioAllowance = !o.refundAll && trusted === null && o.uncountedAudio === true;
   const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : o.countedOutput));
   const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
