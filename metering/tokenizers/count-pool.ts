@@ -2,6 +2,9 @@
 // loop is never stalled for more than a few milliseconds per request; ADR 0009).
 //
 // - Workers start lazily, on the first job that needs one, up to `size` (1–2).
+// - A job of more than LARGE_JOB_CHARS has a worker of its own, started on the first such job, so
+//   that one huge prompt (seconds of counting) does not hold up every other request's count: large
+//   jobs queue behind each other, not in front of small ones.
 // - Each keeps its own tiktoken encoders for its whole life (count-worker.ts).
 // - An idle worker is unref'd: the pool never keeps a process alive. While it has jobs in flight it
 //   is ref'd, so a script awaiting a count does not exit under it.
@@ -15,6 +18,9 @@ import type { CountReply, CountRequest } from './count-protocol.js';
 
 export const MAX_POOL_SIZE = 2;
 
+/** Texts of a job past this many characters (1 Mi) go to the large-job worker. */
+export const LARGE_JOB_CHARS = 1 << 20;
+
 export interface CountPoolOptions {
   /** Worker threads at most (1–2, default 1). */
   size?: number;
@@ -27,7 +33,7 @@ export interface CountPoolStats {
   started: number;
   /** Workers that exited without being asked to. */
   crashed: number;
-  /** Workers alive now. */
+  /** Workers alive now (the large-job worker included). */
   live: number;
   /** Jobs waiting for an answer now. */
   inFlight: number;
@@ -54,6 +60,8 @@ export class CountPoolError extends Error {
 export class CountPool {
   readonly size: number;
   private readonly slots: Slot[] = [];
+  /** The worker for jobs over LARGE_JOB_CHARS, once one came. */
+  private large: Slot | null = null;
   private nextId = 1;
   private closed = false;
   private jobs = 0;
@@ -70,7 +78,9 @@ export class CountPool {
 
   /** `countBounded(encoding, text, exactRunBudget, preTokenBudget)` for each text, computed in a worker thread. */
   count(encoding: TiktokenEncoding, texts: string[], exactRunBudget?: number, preTokenBudget?: number): Promise<PieceCount[]> {
-    return this.send((id) => ({ kind: 'count', id, encoding, texts, exactRunBudget, preTokenBudget }));
+    let chars = 0;
+    for (const text of texts) chars += text.length;
+    return this.send((id) => ({ kind: 'count', id, encoding, texts, exactRunBudget, preTokenBudget }), chars > LARGE_JOB_CHARS);
   }
 
   /** Test hook: makes one worker exit as if it had crashed; resolves once its job has failed. */
@@ -82,23 +92,30 @@ export class CountPool {
   }
 
   stats(): CountPoolStats {
+    const all = this.all();
     let inFlight = 0;
-    for (const s of this.slots) inFlight += s.pending.size;
-    return { jobs: this.jobs, started: this.started, crashed: this.crashed, live: this.slots.length, inFlight };
+    for (const s of all) inFlight += s.pending.size;
+    return { jobs: this.jobs, started: this.started, crashed: this.crashed, live: all.length, inFlight };
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    const slots = this.slots.splice(0);
+    const slots = this.all();
+    this.slots.length = 0;
+    this.large = null;
     for (const slot of slots) failAll(slot, new CountPoolError('the count pool was closed'));
     await Promise.all(slots.map((s) => s.worker.terminate()));
   }
 
-  private send(request: (id: number) => CountRequest): Promise<PieceCount[]> {
+  private all(): Slot[] {
+    return this.large === null ? [...this.slots] : [...this.slots, this.large];
+  }
+
+  private send(request: (id: number) => CountRequest, large = false): Promise<PieceCount[]> {
     if (this.closed) return Promise.reject(new CountPoolError('the count pool is closed'));
     let slot: Slot;
     try {
-      slot = this.pick();
+      slot = large ? (this.large ??= this.spawn(true)) : this.pick();
     } catch (err) {
       return Promise.reject(new CountPoolError('could not start a counting worker', { cause: err }));
     }
@@ -116,15 +133,16 @@ export class CountPool {
     let best: Slot | undefined;
     for (const s of this.slots) if (best === undefined || s.pending.size < best.pending.size) best = s;
     if (best !== undefined && (best.pending.size === 0 || this.slots.length >= this.size)) return best;
-    return this.spawn();
+    const slot = this.spawn(false);
+    this.slots.push(slot);
+    return slot;
   }
 
-  private spawn(): Slot {
+  private spawn(large: boolean): Slot {
     const entry = workerEntry();
     const worker = new Worker(entry.script, { eval: entry.eval });
     worker.unref();
     const slot: Slot = { worker, pending: new Map(), lastError: null };
-    this.slots.push(slot);
     this.started++;
 
     worker.on('message', (reply: CountReply) => {
@@ -140,9 +158,14 @@ export class CountPool {
       slot.lastError = err;
     });
     worker.on('exit', (code: number) => {
-      const i = this.slots.indexOf(slot);
-      if (i < 0) return; // closed: its jobs were already rejected
-      this.slots.splice(i, 1);
+      if (large) {
+        if (this.large !== slot) return; // closed: its jobs were already rejected
+        this.large = null;
+      } else {
+        const i = this.slots.indexOf(slot);
+        if (i < 0) return; // closed: its jobs were already rejected
+        this.slots.splice(i, 1);
+      }
       this.crashed++;
       const why = slot.lastError === null ? '' : `: ${slot.lastError.message}`;
       failAll(slot, new CountPoolError(`counting worker exited with code ${code}${why}`, { cause: slot.lastError ?? undefined }));

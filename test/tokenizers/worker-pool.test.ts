@@ -5,8 +5,8 @@ import t from 'tap';
 import { spawn } from 'node:child_process';
 import type { TiktokenEncoding } from '@dqbd/tiktoken';
 import { countBounded } from '../../metering/tokenizers/bounded-encode.js';
-import { CountPool, CountPoolError } from '../../metering/tokenizers/count-pool.js';
-import { base64, multiByte, noSpaceRuns, prose } from './worker-texts.js';
+import { CountPool, CountPoolError, LARGE_JOB_CHARS } from '../../metering/tokenizers/count-pool.js';
+import { base64, multiByte, noSpaceRuns, prose, rng } from './worker-texts.js';
 
 t.test('workers start lazily and count exactly what countBounded counts inline', async (t) => {
   const pool = new CountPool();
@@ -88,4 +88,31 @@ t.test('an idle pool never keeps the process alive (workers are unref’d)', asy
   const exitCode = await new Promise<number | null>((resolve) => child.on('exit', resolve));
   t.equal(exitCode, 0, err);
   t.same(JSON.parse(out), { tokens: 2, split: false });
+});
+
+// An outside audit: one request with 30 MB of random words held the only counting worker for 14 s,
+// and every other request with more than 16 KiB of new text waited behind it (13 s for 45 KB).
+t.test('a job over 1 Mi characters has a worker of its own: smaller counts are not queued behind it', async (t) => {
+  const pool = new CountPool();
+  t.teardown(() => pool.close());
+  // Random words of 12 letters: byte-pair encoding's slowest common case (about 2 MB a second).
+  const r = rng(7);
+  const words: string[] = [];
+  for (let n = 0; n <= 3 * LARGE_JOB_CHARS; n += 13) words.push(Array.from({ length: 12 }, () => String.fromCharCode(97 + Math.floor(r() * 26))).join(''));
+  const huge = words.join(' ');
+  await pool.count('o200k_base', [prose(20_000)]); // the worker for ordinary counts is up
+  const finished: string[] = [];
+  const big = pool.count('o200k_base', [huge]).then((c) => {
+    finished.push('huge');
+    return c;
+  });
+  const small = pool.count('o200k_base', [prose(40_000, 3)]).then((c) => {
+    finished.push('small');
+    return c;
+  });
+  const [bigCount, smallCount] = await Promise.all([big, small]);
+  t.same(finished, ['small', 'huge'], 'the small count did not wait for the huge one');
+  t.same(bigCount, [countBounded('o200k_base', huge)], 'the huge count is exact all the same');
+  t.same(smallCount, [countBounded('o200k_base', prose(40_000, 3))]);
+  t.match(pool.stats(), { started: 2, live: 2, inFlight: 0 }, 'one worker for each');
 });
