@@ -1,6 +1,6 @@
 // `x-tollgate-notice` values (SPEC §7): said once, quietly, and only when it matters.
 
-import { ratesAt, roundUsd, tokensUsd, type Billing, type ModelPrice } from './model-price.js';
+import { ratesAt, roundUsd, tokensUsd, worstOutputMtok, type Billing, type ModelPrice } from './model-price.js';
 import { formatUsdFigure } from './usd-format.js';
 
 /** Share of a monthly budget at or past which a settlement says `budget-near` (once a month). */
@@ -36,15 +36,18 @@ export interface PricierInput {
   lastOutputTokens: number;
   newPrice: ModelPrice | null;
   newBilling: Billing;
+  /** The request may be answered in audio: its reply is estimated at the audio output rate, as reserved. */
+  audioOutput?: boolean;
 }
 
 /**
  * What a reply like the last one would cost on the new model: same prompt and output size, at list
- * price, nothing from the cache — a model the conversation has not used starts cold.
+ * price, nothing from the cache — a model the conversation has not used starts cold; its output at
+ * the rate admission reserves it at (the audio one, for a request that asks for audio).
  */
-export function estimateLikeLastUsd(price: ModelPrice, promptTokens: number, outputTokens: number): number {
+export function estimateLikeLastUsd(price: ModelPrice, promptTokens: number, outputTokens: number, audioOutput = false): number {
   const r = ratesAt(price, promptTokens);
-  return roundUsd(tokensUsd(Math.max(0, promptTokens), r.input) + tokensUsd(Math.max(0, outputTokens), r.output));
+  return roundUsd(tokensUsd(Math.max(0, promptTokens), r.input) + tokensUsd(Math.max(0, outputTokens), worstOutputMtok(price, promptTokens, audioOutput)));
 }
 
 /**
@@ -55,7 +58,7 @@ export function estimateLikeLastUsd(price: ModelPrice, promptTokens: number, out
 export function pricierNotice(input: PricierInput): string | null {
   const { lastCostUsd, lastPromptTokens, lastOutputTokens, newPrice, newBilling } = input;
   if (newBilling !== 'metered' || !newPrice || lastCostUsd === null) return null;
-  const estimate = estimateLikeLastUsd(newPrice, lastPromptTokens, lastOutputTokens);
+  const estimate = estimateLikeLastUsd(newPrice, lastPromptTokens, lastOutputTokens, input.audioOutput === true);
   if (estimate < PRICIER_MIN_USD || estimate < PRICIER_MIN_RATIO * lastCostUsd) return null;
   return `pricier; estimate_usd=${formatUsdFigure(estimate)}; last_usd=${formatUsdFigure(lastCostUsd)}`;
 }

@@ -256,5 +256,6 @@ export function pricierFor(gw: Gateway, plan: Plan): string | null {
     lastOutputTokens: head.lastOutputTokens,
     newPrice: plan.price,
     newBilling: plan.upstream.billing,
+    audioOutput: plan.audioOutput,
   });
 }

@@ -66,3 +66,15 @@ t.test('x-tollgate-cost-usd formatting', async (t) => {
   t.equal(formatUsdHeader(2e-12), '0.000000000002', 'non-zero never shown as free');
   t.equal(formatUsdText(2), '$2.00');
 });
+
+// The sixteenth session's note: the estimate priced a reply at the text rate even for a request
+// that asks for audio, which admission reserves at the audio rate (gpt-audio: $10 against $64).
+t.test('pricier: a request that asks for audio is estimated at the audio output rate', async (t) => {
+  const audio: ModelPrice = { model: 'audio', inputMtok: 2.5, cacheReadMtok: null, outputMtok: 10, outputAudioMtok: 64, source: 'override:t', date: '2026-01-01' };
+  // 20,000 prompt × $2.50 + 4,000 output × $10 (text) or × $64 (audio), per million.
+  t.equal(estimateLikeLastUsd(audio, 20_000, 4_000), 0.09);
+  t.equal(estimateLikeLastUsd(audio, 20_000, 4_000, true), 0.306);
+  const ask = { lastCostUsd: 0.02, lastPromptTokens: 20_000, lastOutputTokens: 4_000, newPrice: audio, newBilling: 'metered' as const };
+  t.equal(pricierNotice(ask), null, 'in text: $0.09, under the $0.25 a notice needs');
+  t.equal(pricierNotice({ ...ask, audioOutput: true }), 'pricier; estimate_usd=0.31; last_usd=0.02', 'in audio: $0.306, said to the cent');
+});
