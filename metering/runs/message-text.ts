@@ -20,3 +20,11 @@ const UNSEEN = /^[\s\u200b-\u200d\u2060\ufeff]*$/;
 export function showsText(text: string): boolean {
   return !UNSEEN.test(text);
 }
+
+/** The transcript of an answer spoken in audio (a message's or a delta's `audio.transcript`), '' without one. */
+export function transcriptOf(part: Record<string, unknown>): string {
+  const audio = part.audio;
+  if (audio === null || typeof audio !== 'object') return '';
+  const { transcript } = audio as Record<string, unknown>;
+  return typeof transcript === 'string' ? transcript : '';
+}

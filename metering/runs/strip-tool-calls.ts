@@ -3,7 +3,7 @@
 // written as text are removed — from a whole completion or from a stream, chunk by chunk.
 
 import { MarkupStripper, stripMarkup } from './tool-call-markup.js';
-import { showsText } from './message-text.js';
+import { showsText, transcriptOf } from './message-text.js';
 
 type Json = Record<string, unknown>;
 
@@ -59,7 +59,7 @@ export function stripToolCallsFromCompletion(json: unknown): CompletionStripResu
       // A refusal is the model's answer too, if not the one asked for; so is an answer spoken in
       // audio (its content is null, its transcript the text).
       if (typeof message.refusal === 'string' && showsText(message.refusal)) shown = true;
-      if (isObject(message.audio) && typeof message.audio.transcript === 'string' && showsText(message.audio.transcript)) shown = true;
+      if (showsText(transcriptOf(message))) shown = true;
     }
     if (typeof choice.finish_reason === 'string' && TOOL_FINISH.has(choice.finish_reason)) {
       choice.finish_reason = 'stop';
@@ -159,7 +159,7 @@ export class StreamToolCallFilter {
     }
     this.noteText(index, text);
     if (typeof delta.refusal === 'string') this.noteText(index, delta.refusal);
-    if (isObject(delta.audio) && typeof delta.audio.transcript === 'string') this.noteText(index, delta.audio.transcript);
+    this.noteText(index, transcriptOf(delta));
     this.markupFound();
 
     if (ending && TOOL_FINISH.has(raw.finish_reason as string)) {

@@ -19,6 +19,7 @@
 
 import type { TokenCounter } from '../../metering/types.js';
 import { utf8Prefix } from '../../metering/utf8-prefix.js';
+import { transcriptOf } from '../../metering/runs/message-text.js';
 
 /** Bytes a token at most, for cutting a stream counted without a tokenizer. */
 export const CUT_BYTES_PER_TOKEN = 8;
@@ -204,14 +205,6 @@ export function answerText(choice: Record<string, unknown>): string {
     text += transcriptOf(delta as Record<string, unknown>);
   }
   return text;
-}
-
-/** The transcript of an answer spoken in audio (`audio.transcript`), '' without one. */
-export function transcriptOf(part: Record<string, unknown>): string {
-  const audio = part.audio;
-  if (audio === null || typeof audio !== 'object') return '';
-  const { transcript } = audio as Record<string, unknown>;
-  return typeof transcript === 'string' ? transcript : '';
 }
 
 /**

@@ -36,10 +36,10 @@ export interface StreamOutcome {
   visibleText: boolean;
   /** The model spoke: audio (`delta.audio.data`) reached the client, which the meter cannot count. */
   audio: boolean;
-  toolsProposed: boolean;
   /**
-   * A final turn wrote text and then proposed tools again: the evidence excerpt was added after
-   * the text, before the turn's finish (SPEC §5 — the text already reached the client).
+   * A final turn wrote text and then proposed tools again, or (with n > 1) left a choice empty: the
+   * evidence excerpt was added to those choices, after any text, before the turn's finish (SPEC §5 —
+   * the text already reached the client).
    */
   excerptAppended: boolean;
   /** Chunk metadata (id, model, created) for chunks the gateway writes itself. */
@@ -81,7 +81,6 @@ export async function relayStream(
     clientGone: false,
     visibleText: false,
     audio: false,
-    toolsProposed: false,
     excerptAppended: false,
     meta: {},
     started: false,
@@ -370,7 +369,6 @@ export async function relayStream(
     // that before it is asked to send it (else it would be held back with the rest and lost).
     const summary = filter.finish();
     out.visibleText = summary.visibleText;
-    out.toolsProposed = summary.toolsProposed;
     if (summary.chunk) write(sseData(summary.chunk));
     // Text went out, then the model proposed tools again, or the upstream failed part way: the
     // turn is no answer (SPEC §5). The excerpt follows the text — it cannot be taken back — under
