@@ -343,8 +343,9 @@ async function relayAdmitted(
       return badResponse(badUpstreamResponse(plan.upstream.name, `broke off its answer: ${(err as Error).message}`, err));
     }
     upstreamMs = performance.now() - tForward;
-    // The gateway counts the output itself only where the provider's figure cannot be trusted.
-    const texts = providerOutputTrusted(plan, json.usage)
+    // The gateway counts the output itself where the provider's figure cannot be trusted, or is
+    // too low for the text that came (settlement then takes its own count as a floor, as a stream's).
+    const texts = providerOutputTrusted(plan, json.usage, json.texts)
       ? []
       : await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
     // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5)

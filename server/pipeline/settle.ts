@@ -79,9 +79,24 @@ export function usageUnderReported(plan: Plan): boolean {
   return plan.upstream.config.kind === 'llamacpp' && plan.valid.kind !== 'embeddings' && (plan.valid.n > 1 || plan.rows.rows > 1);
 }
 
-/** Whether settlement will take the provider's completion count (so the gateway need not count). */
-export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
-  return trustedCompletionTokens(plan, usage) !== null;
+/**
+ * Bytes of answer text a token very rarely exceeds: English runs at about 4 under o200k_base, code
+ * and other scripts at fewer. A provider's figure below one token for every 8 bytes of the text it
+ * returned is checked: tiktoken counts the text (~0.5 µs a byte uncached, too dear for every answer).
+ */
+const PLAUSIBLE_BYTES_PER_TOKEN = 8;
+
+/**
+ * Whether settlement can take the provider's completion count without the gateway counting the
+ * answer's text itself: the figure is one settlement trusts, and it is not implausibly low for the
+ * text that came (a figure of 0 for a paragraph would make the answer free).
+ */
+export function providerOutputTrusted(plan: Plan, usage: Json | null, texts: readonly string[]): boolean {
+  const figure = trustedCompletionTokens(plan, usage);
+  if (figure === null) return false;
+  let bytes = 0;
+  for (const t of texts) bytes += Buffer.byteLength(t);
+  return figure * PLAUSIBLE_BYTES_PER_TOKEN >= bytes;
 }
 
 /**

@@ -342,6 +342,25 @@ t.test('a provider that reports fewer output tokens than visibly streamed is not
   t.match(row, { generated_tokens: 10, output_method: 'tiktoken:o200k_base' });
 });
 
+// Regression: a whole (not streamed) answer took the provider's completion_tokens unchecked: one
+// that said 0 for a paragraph made the answer free, where the same answer streamed was counted.
+t.test('a whole answer whose provider reports far fewer output tokens than it wrote is counted by the gateway', async (t) => {
+  const content = ' word'.repeat(15);
+  const answer = (completion: number) => ({ ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }], usage: { prompt_tokens: 9, completion_tokens: completion, total_tokens: 9 + completion } });
+  let completion = 0;
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer(completion))] }));
+  const { headers } = await post(gw, ask());
+  const [low] = await rows(gw);
+  t.match(low, { generated_tokens: 15, output_method: 'tiktoken:o200k_base', upstream_completion_tokens: 0 }, 'the count of what came, not the 0 reported');
+  t.equal(headers.get('x-tollgate-refund-tokens'), '5', 'the refund is what was not written');
+  // A plausible figure is the provider's (it may hold reasoning the answer does not show), and the
+  // text is not counted: above one token for every 8 bytes of it.
+  completion = 18;
+  await post(gw, ask());
+  const second = (await rows(gw)).find((r) => r.id !== low!.id);
+  t.match(second, { generated_tokens: 18, output_method: 'provider' });
+});
+
 t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", async (t) => {
   const answer = { ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1000, completion_tokens: 1, total_tokens: 1001, prompt_cache_hit_tokens: 900, prompt_cache_miss_tokens: 100 } };
   const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
