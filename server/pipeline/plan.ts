@@ -485,7 +485,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let excerptOnly = false;
   if (valid.kind === 'chat' && runInspection) {
     const offersTools = valid.tools !== null || Array.isArray(valid.body.functions);
-    const decision: ReturnType<typeof decideMode> = outgrown ? { mode: 'final-answer', reason: 'tokens' } : decideMode({
+    const decided = decideMode({
       bounds,
       run: runInspection,
       offersTools,
@@ -498,6 +498,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       // with its own figures, its prompt and one token per choice — not decided here.
       finalNeededTokens: 0,
     });
+    // A round its size keeps from being sent goes as the final answer, for want of tokens — unless
+    // the run is at one of its bounds anyway, which is then the reason it ends (SPEC §5).
+    const decision: ReturnType<typeof decideMode> = outgrown && decided.mode !== 'final-answer' ? { mode: 'final-answer', reason: 'tokens' } : decided;
     if (decision.mode === 'final-answer') {
       mode = 'final-answer';
       finalReason = decision.reason;

@@ -51,6 +51,24 @@ t.test('a round that no longer fits the window after tools have run goes as the 
   t.match(((body.choices as Json[])[0]!.message as Json).content, /^( hi)+$/);
 });
 
+// Regression: a round past the window was said to end for want of tokens even when the run had
+// already made its last round — the notice and the final-answer metric gave the wrong reason.
+t.test('a round past the window at the run\'s last round ends for its rounds, as the same round within the window does', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 5, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 3000 })], runs: { maxToolRounds: 1 } });
+  for (const [conversation, maxTokens] of [['within', 256], ['past', 2990]] as const) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages: runWithResult(20), tools, max_tokens: maxTokens }),
+    });
+    await res.json();
+    t.equal(res.status, 200, conversation);
+    t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds', conversation);
+  }
+});
+
 t.test('a final answer that cannot fit the window either: the evidence excerpt, no model called, nothing charged', async (t) => {
   const { upstream, post } = await setup(t);
   const before = chatRequests(upstream).length;
