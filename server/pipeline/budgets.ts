@@ -90,22 +90,57 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
 
 /**
  * The largest max_tokens (per choice) that the window and every budget would admit now, for the
- * request as planned. A tool round (normal mode, tools offered) must leave the run's answer reserve
- * (SPEC §11): past that, the request would go as the final answer instead, so the reserve is kept
- * out of its figure. A final answer may use what the run has left.
+ * request as planned, and honour as asked. A tool round (normal mode, tools offered) must leave the
+ * run's answer reserve (SPEC §11): past that, the request would go as the final answer instead, so
+ * the reserve is kept out of its figure. A final answer may use what the run has left, within what
+ * the window leaves after its own prompt (a larger max_tokens may be admitted, and cut to that).
+ *
+ * A round that goes as the final answer only because its max_tokens does not fit (`roundAsSent`)
+ * is given the figure of the round it was, when some max_tokens still sends it as one: a smaller
+ * max_tokens plans the round, with its own prompt, not the final answer's (the two differ: the
+ * answer drops the tools and adds an instruction). When none does, the final answer's figure —
+ * provided that max_tokens would not be planned as the round instead.
  */
 export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd = 0): number | null {
   // Nested too deep: refused whatever it asks for.
   if (s.tooDeep) return 0;
-  const per = plan.valid.generations * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  if (plan.valid.kind === 'embeddings') return 0;
+  const final = plan.mode === 'final-answer';
+  const asked = affordable(plan, s, capRoomUsd, {
+    promptCharge: plan.promptCharge,
+    worstPromptTokens: worstPromptTokens(plan.rows),
+    reserve: isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0,
+    // The window is checked on the request as sent (past it, a request with no tool results yet is
+    // a 413), and a final answer's allowance is then set within what the window leaves after its
+    // own prompt (server/pipeline/plan.ts), which may be the longer of the two.
+    longestRow: final ? Math.max(plan.sentLongestRow, plan.rows.longestRowLeast) : plan.sentLongestRow,
+  });
+  const round = plan.roundAsSent;
+  if (!final || round === null || asked === null || s.budgetTokens === null) return asked;
+  const reserve = plan.bounds.answerReserveTokens ?? 0;
+  const asRound = affordable(plan, s, capRoomUsd, { ...round, reserve, longestRow: plan.sentLongestRow }) ?? 0;
+  if (asRound >= 1) return asRound;
+  // Up to this max_tokens the request is planned as the round (and refused, as asRound says).
+  const roundFits = Math.floor((s.budgetTokens - s.usedTokens - round.promptCharge - reserve) / perChoiceUnits(plan));
+  return asked > roundFits ? asked : 0;
+}
+
+/** How many times a per-choice max_tokens is reserved: per choice, and per row for completions. */
+function perChoiceUnits(plan: Plan): number {
+  return plan.valid.generations * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+}
+
+/** The largest max_tokens the window, the run and every money limit admit for one way of sending the request. */
+function affordable(
+  plan: Plan,
+  s: AdmissionState,
+  capRoomUsd: number,
+  as: { promptCharge: number; worstPromptTokens: number; reserve: number; longestRow: number },
+): number | null {
+  const per = perChoiceUnits(plan);
   const limits: number[] = [];
-  // The window is checked on the request as sent (a final answer's allowance is then set within
-  // what the window leaves after its own prompt: server/pipeline/plan.ts).
-  if (plan.contextWindow !== null) limits.push(plan.contextWindow - plan.sentLongestRow);
-  if (s.budgetTokens !== null) {
-    const reserve = isToolRound(plan) ? (plan.bounds.answerReserveTokens ?? 0) : 0;
-    limits.push(Math.floor((s.budgetTokens - s.usedTokens - plan.promptCharge - reserve) / per));
-  }
+  if (plan.contextWindow !== null) limits.push(plan.contextWindow - as.longestRow);
+  if (s.budgetTokens !== null) limits.push(Math.floor((s.budgetTokens - s.usedTokens - as.promptCharge - as.reserve) / per));
   // Each money limit as the atomic admission sees it: what it holds already, and its limit.
   const held: Array<{ committed: number; limit: number }> = [];
   const cap = (m: MoneyScopeState | null, extra = 0) => {
@@ -119,7 +154,7 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
   if (plan.upstream.billing === 'metered' && plan.worstCaseUsd === null && !plan.excerptOnly && held.some((h) => h.limit - h.committed <= USD_EPSILON)) return 0;
   if (plan.price && plan.upstream.billing === 'metered') {
     // The prompt as admission prices it: four times a byte estimate (worstPromptTokens).
-    const promptTokens = worstPromptTokens(plan.rows);
+    const promptTokens = as.worstPromptTokens;
     const rates = ratesAt(plan.price, promptTokens);
     // Output at its worst rate, as admission reserves it (an audio rate above the text one, for a
     // request that may be answered in audio).
@@ -145,6 +180,5 @@ export function maxAffordableAllowance(plan: Plan, s: AdmissionState, capRoomUsd
       limits.push(n);
     }
   }
-  if (plan.valid.kind === 'embeddings') return 0;
   return limits.length === 0 ? null : Math.max(0, Math.min(...limits));
 }

@@ -73,6 +73,12 @@ export interface Plan {
    */
   excerptOnly: boolean;
   finalReason: FinalReason | null;
+  /**
+   * A tool round sent as the final answer for want of tokens alone (neither a bound nor its size
+   * made it one): its charge and priced prompt as the round it was, which a smaller max_tokens
+   * would still send (`max_affordable_allowance`, server/pipeline/budgets.ts).
+   */
+  roundAsSent: { promptCharge: number; worstPromptTokens: number } | null;
   /** Run-token refusal decided while planning (the atomic check happens again at admission). */
   tokenRefusal: { remainingTokens: number; neededTokens: number } | null;
   price: ModelPrice | null;
@@ -483,6 +489,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let finalReason: FinalReason | null = null;
   let tokenRefusal: Plan['tokenRefusal'] = null;
   let excerptOnly = false;
+  let roundAsSent: Plan['roundAsSent'] = null;
   if (valid.kind === 'chat' && runInspection) {
     const offersTools = valid.tools !== null || Array.isArray(valid.body.functions);
     const decided = decideMode({
@@ -504,6 +511,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     if (decision.mode === 'final-answer') {
       mode = 'final-answer';
       finalReason = decision.reason;
+      if (!outgrown && decision.reason === 'tokens') roundAsSent = { promptCharge, worstPromptTokens: worstPromptTokens(rows) };
       forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
       const finalMessages = forwardBody.messages as ChatMessage[];
       counted = await countAll(gw, upstream, valid, finalMessages, undefined, counter);
@@ -595,6 +603,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     excerptOnly,
     mode,
     finalReason,
+    roundAsSent,
     tokenRefusal,
     price,
     audioOutput,

@@ -1,7 +1,7 @@
 // POST /v1/admission (SPEC §8, §11): the plan with its budgets and the largest max_tokens every
 // budget would admit, computed without running a model or changing any budget.
 
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 
@@ -184,22 +184,53 @@ t.test("a final answer's allowance stays within the window its rewritten prompt 
   }
 });
 
-t.test('in final-answer mode max_affordable_allowance is what the window admits for the request as sent', async (t) => {
+// Many tools: the request as sent is much longer than its final answer, which drops them.
+const manyTools = Array.from({ length: 6 }, (_, i) => ({ type: 'function', function: { name: `search_${i}`, description: 'find things', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }));
+
+async function finalAnswerGateway(t: Test, runs: Json) {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs: { tokenBudget: 400, answerReserveTokens: 50 } });
-  // Many tools: the request as sent is much longer than its final answer, which drops them.
-  const tools = Array.from({ length: 6 }, (_, i) => ({ type: 'function', function: { name: `search_${i}`, description: 'find things', parameters: { type: 'object', properties: { q: { type: 'string' } } } } }));
-  const request = { model: 'gpt-4o', n: 2, messages: [{ role: 'user', content: ' word'.repeat(40) }], tools };
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs });
   const post = (path: string, body: Json) =>
     fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'c-maa-final' }, body: JSON.stringify(body) });
-  const plan = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request })).json()) as Json;
-  t.equal(plan.mode, 'final-answer');
-  const most = plan.max_affordable_allowance as number;
+  const plan = async (request: Json) => (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request })).json()) as Json;
+  return { post, plan };
+}
+
+// Regression: a round sent as the final answer for want of tokens was given the final answer's
+// figure, worked out on the answer's shorter prompt without the reserve; that max_tokens then
+// planned the round itself, which could be refused (a money cap) or leave room unused.
+t.test('a round that goes as the final answer for its max_tokens alone is given the figure of the round it was', async (t) => {
+  const { post, plan } = await finalAnswerGateway(t, { tokenBudget: 400, answerReserveTokens: 50 });
+  const request = { model: 'gpt-4o', n: 2, messages: [{ role: 'user', content: ' word'.repeat(40) }], tools: manyTools };
+  const asked = await plan(request);
+  t.equal(asked.mode, 'final-answer', 'the default allowance does not fit a round');
+  const small = await plan({ ...request, max_tokens: 10 });
+  t.equal(small.mode, 'normal');
+  const most = asked.max_affordable_allowance as number;
+  t.equal(most, small.max_affordable_allowance, 'the same figure whatever max_tokens was asked');
+  // (400 − the round's prompt − the 50 reserved for the answer) ÷ 2 choices.
+  t.equal(most, Math.floor((400 - ((small.charge as Json).prompt as number) - 50) / 2));
+  const res = await post('/v1/chat/completions', { ...request, max_tokens: most });
+  await res.text();
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), null, 'sent as the round');
+  const over = await plan({ ...request, max_tokens: most + 1 });
+  t.equal(over.mode, 'final-answer', 'one more goes as the final answer');
+});
+
+t.test('in final-answer mode, with no round possible, max_affordable_allowance is what the window admits for the request as sent', async (t) => {
+  // The reserve leaves a round no room at all: every max_tokens goes as the final answer.
+  const { post, plan } = await finalAnswerGateway(t, { tokenBudget: 500, answerReserveTokens: 310 });
+  const request = { model: 'gpt-4o', n: 2, messages: [{ role: 'user', content: ' word'.repeat(40) }], tools: manyTools };
+  const first = await plan(request);
+  t.equal(first.mode, 'final-answer');
+  const most = first.max_affordable_allowance as number;
   t.ok(most > 0);
-  const again = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { ...request, max_tokens: most } })).json()) as Json;
+  const again = await plan({ ...request, max_tokens: most });
   t.same(again.verdict, { admit: true, status: 200, error: null }, 'the figure itself is admitted');
-  const over = (await (await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { ...request, max_tokens: most + 1 } })).json()) as Json;
+  t.equal((again.charge as Json).allowance, 2 * most, 'and honoured as asked');
+  const over = await plan({ ...request, max_tokens: most + 1 });
   t.equal((over.verdict as Json).status, 413, 'one more is past the window');
   const res = await post('/v1/chat/completions', { ...request, max_tokens: most });
   t.equal(res.status, 200, 'and so is the real request');

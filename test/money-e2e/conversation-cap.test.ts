@@ -121,6 +121,34 @@ t.test('the cheaper metered model a 402 offers is admitted with the room it was 
   t.notMatch((fresh.body as unknown as ErrorBody).error.message, /room/);
 });
 
+// Regression: a research round sent as the final answer for want of tokens was given the final
+// answer's figure (its short prompt, tools dropped); that max_tokens planned the round itself, whose
+// worst case the cap could not hold — a 402 for the figure admission had just offered.
+t.test("max_affordable_allowance of a round over the run's tokens is one the cap admits as that round", async (t) => {
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 5 }, runs: { tokenBudget: 20000 } });
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/research/cap', ADMIN, { cap_usd: 0.2 })).status, 200);
+  const conv = { 'x-tollgate-conversation': 'research' };
+  const describe = 'Searches the corpus for documents matching the query and returns ranked passages. '.repeat(6);
+  const tools = Array.from({ length: 8 }, (_, i) => ({ type: 'function', function: { name: `tool_${i}`, description: describe, parameters: { type: 'object', properties: { q: { type: 'string', description: describe } } } } }));
+  const messages = [
+    { role: 'user', content: 'Find the capital of France.' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'tool_0', arguments: '{"q":"x"}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: 'Paris is the capital.' },
+  ];
+  const plan = await admission(gw, ALICE, { model: 'gpt-4o', messages, tools, max_tokens: 30000 }, conv);
+  t.equal((plan as unknown as { mode: string }).mode, 'final-answer', 'as asked, the round goes as the final answer');
+  const most = plan.max_affordable_allowance!;
+  t.ok(most >= 1);
+  const at = await admission(gw, ALICE, { model: 'gpt-4o', messages, tools, max_tokens: most }, conv);
+  t.same(at.verdict, { admit: true, status: 200, error: null }, `max_tokens ${most} is admitted`);
+  const over = await admission(gw, ALICE, { model: 'gpt-4o', messages, tools, max_tokens: most + 1 }, conv);
+  t.equal(over.verdict.status, 402, 'one more is past the cap');
+  const r = await chat(gw, ALICE, { model: 'gpt-4o', messages, tools, max_tokens: most }, conv);
+  t.equal(r.status, 200, 'and the real request goes');
+  t.equal(r.headers.get('x-tollgate-notice'), null, 'as the round it was');
+  t.ok(Array.isArray(metered.requests.at(-1)!.body!.tools), 'tools offered');
+});
+
 t.test('a child sent while its parent is past its cap does not start', async (t) => {
   const { gw, metered } = await moneyWorld(t, { metered: { promptTokens: () => 1000, completionTokens: 8 } });
   const small = (model: string) => ({ model, messages: [{ role: 'user', content: 'one more step' }], max_tokens: 1 });

@@ -41,6 +41,8 @@ export interface WorldOptions {
   prices?: Record<string, unknown>;
   clock?: boolean;
   metered?: OpenAiDoubleOptions;
+  /** The config's `runs` (SPEC §5): the run token budget and bounds. */
+  runs?: Record<string, unknown>;
 }
 
 export async function moneyWorld(t: Teardown, opts: WorldOptions = {}): Promise<MoneyWorld> {
@@ -62,6 +64,7 @@ export async function moneyWorld(t: Teardown, opts: WorldOptions = {}): Promise<
       ],
       auth: { keys: opts.keys ?? [{ key: ALICE, tenant: 'alice' }, { key: BOB, tenant: 'bob' }] },
       prices: { overrides, ...(opts.prices ?? {}) },
+      ...(opts.runs ? { runs: opts.runs } : {}),
     },
     { clock: opts.clock },
   );
