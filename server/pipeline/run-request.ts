@@ -429,7 +429,7 @@ async function relayAdmitted(
     // After an error event there is no usage chunk: the stream ended in error (a final answer's
     // stream ends as an answer instead, usage and all).
     if (plan.valid.includeUsage && (!upstreamFailed || plan.mode === 'final-answer')) {
-      const usage = usageChunkFigures(plan, streamed.cut ? null : streamed.usage, settled);
+      const usage = outcome.refundAll ? NOTHING_USED : usageChunkFigures(plan, streamed.cut ? null : streamed.usage, settled);
       // llama.cpp's `timings` ride on its usage chunk, as the server sends them (fixtures/llamacpp).
       raw.write(sseData({ ...meta, choices: [], usage, ...(streamed.timings ? { timings: streamed.timings } : {}) }));
     }
@@ -456,13 +456,16 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   // Usage, if the client asked for it: nothing where the turn failed and was refunded whole; what
   // was charged where the model read the prompt and wrote (only tool calls, or nothing visible).
   if (plan.valid.includeUsage) {
-    const usage = settled.chargeTokens === 0 ? { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } : usageChunkFigures(plan, null, settled);
+    const usage = settled.chargeTokens === 0 ? NOTHING_USED : usageChunkFigures(plan, null, settled);
     body += sseData({ ...chunks[0], choices: [], usage });
   }
   body += closingComment(settled, true);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
 }
+
+/** The usage of a turn refunded whole: the upstream failed before any output (SPEC §11). */
+const NOTHING_USED = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } as const;
 
 /**
  * The figures of the usage chunk the gateway writes at a stream's end: the upstream's, but the

@@ -73,6 +73,15 @@ t.test('a streamed fallback after a failed final turn still sends the usage chun
   t.equal(new Set(events.map((e) => e.id)).size, 1, 'every chunk of the excerpt, its usage chunk too, has one id');
 });
 
+// Regression: a final turn whose stream had begun and was lost before any output was refunded
+// whole, yet its usage chunk reported the prompt as read (a failure before the response said 0).
+t.test('a streamed final turn lost before any output: the usage chunk says nothing was used, as its charge does', async (t) => {
+  const events = await finalTurnEvents(t, { dropAfterChunks: 0, completionTokens: 5 });
+  const last = events.at(-1)!;
+  t.same(last.choices, []);
+  t.same(last.usage, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }, 'refunded whole: nothing used');
+});
+
 t.test('a streamed final turn that only proposed tools: the excerpt and its usage chunk share one id', async (t) => {
   const events = await finalTurnEvents(t, { toolCalls: () => [{ name: 'search', arguments: '{"q":"more"}' }] });
   t.ok(events.at(-1)?.usage, 'a usage chunk last');
