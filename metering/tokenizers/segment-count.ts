@@ -85,6 +85,18 @@ export function countOrdinary(enc: Tiktoken, text: string): number {
   return tokens;
 }
 
+/**
+ * Where the last cut of `text` into segments falls (before a space that follows a non-whitespace
+ * character: see above), at or after `from`; -1 when there is none. The count of the text before
+ * it plus the count of the text from it is the count of the whole, whatever follows the text.
+ */
+export function lastSegmentCut(text: string, from = 1): number {
+  for (let i = text.length - 1; i >= Math.max(1, from); i--) {
+    if (text.charCodeAt(i) === 0x20 && !isWhiteSpace(text.charCodeAt(i - 1))) return i;
+  }
+  return -1;
+}
+
 /** Memoised segments per encoder (for tests). */
 export function segmentMemoSize(enc: Tiktoken): number {
   return memos.get(enc)?.size ?? 0;

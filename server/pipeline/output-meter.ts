@@ -19,10 +19,16 @@
 
 import type { TokenCounter } from '../../metering/types.js';
 import { utf8Prefix } from '../../metering/utf8-prefix.js';
+import { lastSegmentCut } from '../../metering/tokenizers/segment-count.js';
 import { transcriptOf } from '../../metering/runs/message-text.js';
 
 /** Bytes a token at most, for cutting a stream counted without a tokenizer. */
 export const CUT_BYTES_PER_TOKEN = 8;
+/**
+ * Near the allowance, a choice's uncommitted text is counted again with each piece as far back as
+ * its last segment cut, within this many characters (a run without spaces is committed instead).
+ */
+const MAX_RECOUNT_CHARS = 256;
 
 export type OutputCounting = 'tokenizer' | 'chunk' | 'bytes';
 
@@ -131,18 +137,32 @@ export class OutputMeter {
           c.pending.push(text);
           return true;
         }
-        // Near the allowance: count what is pending exactly, then decide on this piece.
-        c.exact = (c.exact ?? 0) + this.flush(c);
-        if (c.exact + bytes <= this.perChoice) {
-          c.bytes = bytes;
-          c.pending.push(text);
+        // Near the allowance: the choice's text so far, counted exactly. Counts of two texts add
+        // up to the count of both only where the cut between them is a segment cut (a space after
+        // a word: metering/tokenizers/segment-count.ts) — a piece that ends inside a word, as a
+        // server that re-chunks its stream sends, would add a token at every such end. So what is
+        // committed ends at a segment cut, and the rest is counted again with the next piece.
+        const before = c.pending.join('');
+        const whole = before + text;
+        const exact = c.exact ?? 0;
+        const cut = lastSegmentCut(whole, whole.length - MAX_RECOUNT_CHARS);
+        const head = cut > 0 ? this.counter.countOutput(whole.slice(0, cut)) : 0;
+        const tail = cut > 0 ? whole.slice(cut) : whole;
+        const tailTokens = this.counter.countOutput(tail);
+        if (exact + head + tailTokens <= this.perChoice) {
+          // A tail with no cut in reach (a long run without spaces) is committed as it is: a
+          // token at most too many at its end, rather than counting it again on every piece.
+          const keep = cut > 0 || tail.length < MAX_RECOUNT_CHARS;
+          c.exact = exact + head + (keep ? 0 : tailTokens);
+          c.pending = keep ? [tail] : [];
+          c.bytes = keep ? Buffer.byteLength(tail, 'utf8') : 0;
           return true;
         }
-        const tokens = this.counter.countOutput(text);
-        const left = this.perChoice - c.exact;
-        const ok = this.admit(c, c.exact + tokens, () => (c.exact = (c.exact ?? 0) + tokens));
-        if (!ok) this.cutText = this.counter.leadingText?.(text, left) ?? '';
-        return ok;
+        const left = this.perChoice - exact - (before.length > 0 ? this.counter.countOutput(before) : 0);
+        c.closed = true;
+        c.cut = true;
+        this.cutText = left > 0 ? (this.counter.leadingText?.(text, left) ?? '') : '';
+        return false;
       }
     }
   }

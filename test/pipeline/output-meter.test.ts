@@ -54,6 +54,27 @@ t.test('a stream counted by bytes is not cut while its words are long; the estim
   t.equal(honest.total(), 100, '630 bytes: an estimate of 158, capped at the allowance');
 });
 
+// Regression: near the allowance each piece was counted apart from the text before it, so a stream
+// whose pieces end inside words (a server that re-chunks) was counted a token too many at every
+// such end: 45 tokens in 3-character pieces came to 50, and the answer was cut four words early.
+t.test('pieces that end inside words are counted as the text they make, up to the allowance', async (t) => {
+  const text = ' word'.repeat(45);
+  t.equal(counter.countOutput(text), 45);
+  for (const size of [1, 2, 3, 4, 7]) {
+    const meter = new OutputMeter('tokenizer', counter, 50);
+    let passed = '';
+    for (let i = 0; i < text.length; i += size) if (meter.add(0, text.slice(i, i + size))) passed += text.slice(i, i + size);
+    t.equal(passed, text, `pieces of ${size}: none cut`);
+    t.equal(meter.total(), 45, `pieces of ${size}: the exact count`);
+  }
+  // And the cut still comes at the allowance exactly: 45 tokens against 40.
+  const tight = new OutputMeter('tokenizer', counter, 40);
+  let passed = '';
+  for (let i = 0; i < text.length; i += 3) if (tight.add(0, text.slice(i, i + 3))) passed += text.slice(i, i + 3);
+  t.ok(counter.countOutput(passed) <= 40 && counter.countOutput(passed) >= 39, `${counter.countOutput(passed)} tokens let through`);
+  t.equal(tight.total(), 40, 'the whole allowance is charged');
+});
+
 t.test('a piece that crosses the allowance leaves the start that fits in cutText (whole characters)', async (t) => {
   const meter = new OutputMeter('tokenizer', counter, 4);
   t.ok(meter.add(0, ' one two'));
