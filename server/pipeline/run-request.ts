@@ -7,6 +7,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
 import type { TokenCounter } from '../../metering/types.js';
+import { estimateTokens } from '../../metering/tokenizers/byte-estimate.js';
 import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { redactBodyText, redactText } from './upstream-key.js';
@@ -343,18 +344,14 @@ async function relayAdmitted(
       return badResponse(badUpstreamResponse(plan.upstream.name, `broke off its answer: ${(err as Error).message}`, err));
     }
     upstreamMs = performance.now() - tForward;
-    // The gateway counts the output itself where the provider's figure cannot be trusted, or is
-    // too low for the text that came (settlement then takes its own count as a floor, as a stream's).
-    const texts = providerOutputTrusted(plan, json.usage, json.texts)
-      ? []
-      : await Promise.all(json.texts.map((t) => (t ? counter.countText(t).then((c) => c.tokens).catch(() => Math.ceil(Buffer.byteLength(t) / 4)) : 0)));
+    const counted = await countAnswer(plan, counter, json);
     // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5)
     // — for every choice, or, with n > 1, for those that did not answer (relay-json.ts).
     const fallback = json.fallback === 'whole';
     outcome = {
       status: 200,
-      countedOutput: texts.reduce((a, b) => a + b, 0),
-      countedMethod: counter.method,
+      countedOutput: counted.tokens,
+      countedMethod: counted.method,
       usage: json.usage,
       timings: json.timings,
       fallback: json.fallback !== 'none',
@@ -462,6 +459,37 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   body += closingComment(settled, true);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
+}
+
+/**
+ * A whole answer's output as the gateway counts it. Where it counts on this machine it always does,
+ * as it does a stream's: a tiktoken count is exact, and settlement takes it as a floor under the
+ * provider's figure (a provider that says 0, or half, for what it wrote is not taken at its word);
+ * the byte estimate tells a figure far below the text's bytes. A llama.cpp server's own tokenizer is
+ * asked only where its usage cannot be trusted (a prompt array, n > 1). A text that could not be
+ * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
+ * allowance, as a stream's is (ADR 0004).
+ */
+async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null }): Promise<{ tokens: number; method: string }> {
+  if (counter.method === 'llamacpp' && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
+  let upperBound = false;
+  let estimated = counter.method === 'estimate:bytes';
+  const counts = await Promise.all(
+    json.texts.map(async (text) => {
+      if (!text) return 0;
+      try {
+        const c = await counter.countText(text);
+        upperBound ||= c.upperBound;
+        return c.tokens;
+      } catch {
+        estimated = true;
+        return Math.min(estimateTokens(text), plan.perChoiceAllowance);
+      }
+    }),
+  );
+  const capped = counter.method === 'estimate:bytes' ? counts.map((n) => Math.min(n, plan.perChoiceAllowance)) : counts;
+  const method = estimated ? 'estimate:bytes' : upperBound ? `${counter.method}:upper-bound` : counter.method;
+  return { tokens: capped.reduce((a, b) => a + b, 0), method };
 }
 
 /** The usage of a turn refunded whole: the upstream failed before any output (SPEC §11). */

@@ -5,6 +5,7 @@ import type { Gateway } from '../gateway.js';
 import { monthOf, type Plan } from './plan.js';
 import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
+import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { turnCost } from '../../pricing/turn-cost.js';
 import { pricierNotice, budgetNearReached, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
 import { isLedgerUnavailable } from '../ledger-guard.js';
@@ -79,25 +80,17 @@ export function usageUnderReported(plan: Plan): boolean {
   return plan.upstream.config.kind === 'llamacpp' && plan.valid.kind !== 'embeddings' && (plan.valid.n > 1 || plan.rows.rows > 1);
 }
 
-/**
- * Bytes of answer text a token very rarely exceeds: English runs at about 4 under o200k_base, code
- * and other scripts at fewer. A provider's figure below one token for every 8 bytes of the text it
- * returned is checked: tiktoken counts the text (~0.5 µs a byte uncached, too dear for every answer).
- */
-const PLAUSIBLE_BYTES_PER_TOKEN = 8;
+/** Whether settlement will take the provider's completion count (so a llama.cpp server's answer need not be counted). */
+export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
+  return trustedCompletionTokens(plan, usage) !== null;
+}
 
 /**
- * Whether settlement can take the provider's completion count without the gateway counting the
- * answer's text itself: the figure is one settlement trusts, and it is not implausibly low for the
- * text that came (a figure of 0 for a paragraph would make the answer free).
+ * Bytes of answer text a token very rarely exceeds: English runs at about 4 or 5 under o200k_base,
+ * code and other scripts at fewer. Under the byte estimate (four bytes a token), a provider's figure
+ * below one token for every 8 bytes of the text it wrote is not taken.
  */
-export function providerOutputTrusted(plan: Plan, usage: Json | null, texts: readonly string[]): boolean {
-  const figure = trustedCompletionTokens(plan, usage);
-  if (figure === null) return false;
-  let bytes = 0;
-  for (const t of texts) bytes += Buffer.byteLength(t);
-  return figure * PLAUSIBLE_BYTES_PER_TOKEN >= bytes;
-}
+const PLAUSIBLE_BYTES_PER_TOKEN = 8;
 
 /**
  * The conversation's new head, written in the same commit as the settlement: every admitted chat
@@ -137,9 +130,11 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // What the gateway itself counted exactly with the model's tokenizer as it relayed (a stream) is
   // a floor: the tokens the client visibly got. A provider that reports fewer (0, or a figure sent
   // early in the stream and never brought up to date) is not taken at its word.
-  const ownExact = o.countedMethod.startsWith('tiktoken:') ? o.countedOutput : 0;
+  const ownExact = o.countedMethod.startsWith('tiktoken:') && !o.countedMethod.endsWith(':upper-bound') ? o.countedOutput : 0;
+  // Without a tokenizer, the estimate (four bytes a token) tells a figure far below what was written.
+  const floor = o.countedMethod === 'estimate:bytes' ? Math.floor((o.countedOutput * BYTES_PER_ESTIMATED_TOKEN) / PLAUSIBLE_BYTES_PER_TOKEN) : ownExact;
   const provided = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
-  const trusted = provided !== null && provided >= ownExact ? provided : null;
+  const trusted = provided !== null && provided >= floor ? provided : null;
   // Audio the model spoke, with no figure from the provider (a client that left before the usage
   // chunk, an upstream that sends none): the gateway cannot count it, so the turn is charged its
   // whole allowance — a conservative figure, never one the client can lower by leaving.

@@ -25,7 +25,7 @@ const chunk = (delta: Json, extra: Json = {}, index = 0) => `data: ${JSON.string
 const finish = (reason = 'stop', index = 0) => `data: ${JSON.stringify({ ...ID, choices: [{ index, delta: {}, finish_reason: reason }] })}\n\n`;
 const DONE = 'data: [DONE]\n\n';
 
-async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ gw: TestGateway; sent: Json[] }> {
+async function scripted(t: Test, script: Script, config: Json = {}, upstream: Json = {}): Promise<{ gw: TestGateway; sent: Json[] }> {
   const sent: Json[] = [];
   const server: Server = createServer((req, res) => {
     let text = '';
@@ -46,7 +46,7 @@ async function scripted(t: Test, script: Script, config: Json = {}): Promise<{ g
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   t.teardown(() => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }));
-  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local' })], ...config });
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { billing: 'local', ...upstream })], ...config });
   return { gw, sent };
 }
 
@@ -343,22 +343,38 @@ t.test('a provider that reports fewer output tokens than visibly streamed is not
 });
 
 // Regression: a whole (not streamed) answer took the provider's completion_tokens unchecked: one
-// that said 0 for a paragraph made the answer free, where the same answer streamed was counted.
-t.test('a whole answer whose provider reports far fewer output tokens than it wrote is counted by the gateway', async (t) => {
+// that said 0 (or half) for a paragraph made the answer free (or half price), where the same answer
+// streamed was counted.
+t.test('a whole answer whose provider reports fewer output tokens than it wrote is counted by the gateway, as a stream is', async (t) => {
   const content = ' word'.repeat(15);
   const answer = (completion: number) => ({ ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }], usage: { prompt_tokens: 9, completion_tokens: completion, total_tokens: 9 + completion } });
+  const streamed = (completion: number) => [chunk({ role: 'assistant', content }), finish(), `data: ${JSON.stringify({ ...ID, choices: [], usage: answer(completion).usage })}\n\n`, DONE];
   let completion = 0;
-  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer(completion))] }));
-  const { headers } = await post(gw, ask());
-  const [low] = await rows(gw);
-  t.match(low, { generated_tokens: 15, output_method: 'tiktoken:o200k_base', upstream_completion_tokens: 0 }, 'the count of what came, not the 0 reported');
-  t.equal(headers.get('x-tollgate-refund-tokens'), '5', 'the refund is what was not written');
-  // A plausible figure is the provider's (it may hold reasoning the answer does not show), and the
-  // text is not counted: above one token for every 8 bytes of it.
+  const { gw } = await scripted(t, (body) => ({ stream: body.stream === true, pieces: body.stream === true ? streamed(completion) : [JSON.stringify(answer(completion))] }));
+  for (const [reported, stream] of [[0, false], [10, false], [10, true]] as const) {
+    completion = reported;
+    const { headers } = await post(gw, ask({ stream }));
+    const row = (await rows(gw)).at(-1)!;
+    const label = `${reported} reported, ${stream ? 'streamed' : 'whole'}`;
+    t.match(row, { generated_tokens: 15, output_method: 'tiktoken:o200k_base', upstream_completion_tokens: reported }, `${label}: the count of what came`);
+    if (!stream) t.equal(headers.get('x-tollgate-refund-tokens'), '5', `${label}: the refund is what was not written`);
+  }
+  // A figure above the count is the provider's (it may hold reasoning the answer does not show).
   completion = 18;
   await post(gw, ask());
-  const second = (await rows(gw)).find((r) => r.id !== low!.id);
-  t.match(second, { generated_tokens: 18, output_method: 'provider' });
+  t.match((await rows(gw)).at(-1), { generated_tokens: 18, output_method: 'provider' });
+});
+
+t.test('a model counted by the byte estimate: a provider figure under one token for 8 bytes of its text is not taken', async (t) => {
+  const content = ' internationalization'.repeat(4); // 84 bytes: an estimate of 21 tokens
+  let completion = 0;
+  const answer = () => ({ ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }], usage: { prompt_tokens: 9, completion_tokens: completion, total_tokens: 9 + completion } });
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer())] }), {}, { models: ['*'] });
+  for (const [reported, generated, method] of [[0, 20, 'estimate:bytes'], [10, 10, 'provider']] as const) {
+    completion = reported;
+    await post(gw, { ...ask(), model: 'mistral-large' });
+    t.match((await rows(gw)).at(-1), { generated_tokens: generated, output_method: method }, `${reported} reported`);
+  }
 });
 
 t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", async (t) => {
@@ -394,7 +410,8 @@ for (const includeUsage of [false, true]) {
       ...ID,
       object: 'chat.completion',
       choices: [{ index: 0, message: { role: 'assistant', content: 'Let me look.', tool_calls: [call] }, finish_reason: 'tool_calls' }],
-      usage: { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21 },
+      // A tool call costs the model more than its text (OpenAI counts its framing too).
+      usage: { prompt_tokens: 12, completion_tokens: 19, total_tokens: 31 },
     };
     const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
     const client = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: 'tg-any', maxRetries: 0 });
@@ -420,7 +437,7 @@ for (const includeUsage of [false, true]) {
     t.equal(finish, 'tool_calls');
     t.same(usage, includeUsage ? answer.usage : null);
     const [row] = await rows(gw);
-    t.match(row, { status: 200, generated_tokens: 9, output_method: 'provider' }, 'charged what it generated');
+    t.match(row, { status: 200, generated_tokens: 19, output_method: 'provider' }, 'charged what it generated');
   });
 }
 
