@@ -97,9 +97,8 @@ async function oneVariant(ids: Ids, slices: number, slice: number): Promise<numb
     const request = async () => {
       const r = reservation(ids, Date.now());
       const chain = [...opening, hash22(r.id)];
-      // The prefix memo knows the shared opening, so its last hash is asked for first; a new
-      // conversation has no head and no run to read.
-      await ledger.findConversationByChain(r.keyId, r.tenant, chain, [opening[2]!]);
+      // A new conversation has no head and no run to read.
+      await ledger.findConversationByChain(r.keyId, r.tenant, chain);
       await ledger.admit(r);
       // The upstream's turn: the settlement comes in a later turn of the event loop.
       await new Promise((resolve) => setImmediate(resolve));

@@ -291,12 +291,8 @@ export interface Ledger {
   // Conversation state.
   getHead(conversation: string): Promise<ConversationHead | null>;
   putHead(head: ConversationHead): Promise<void>;
-  /**
-   * Most recent conversation of this key whose last message list hashes to one of `chain`; one
-   * whose list hashes to one of `preferred` (a subset of `chain`) wins over a more recent other.
-   * Asked together, so a store can answer the likely case cheaply and in one round trip.
-   */
-  findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred?: string[]): Promise<string | null>;
+  /** Most recent conversation of this key (or tenant, with no key) whose last message list hashes to one of `chain`. */
+  findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null>;
   getRun(run: string): Promise<RunState | null>;
 
   // Money.

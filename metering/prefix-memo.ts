@@ -22,19 +22,12 @@ export interface PrefixMatch {
   /** Chain hashes of those messages. */
   chain: readonly string[];
   counts: KnownCounts | null;
-  /**
-   * Length of the list the remembered one grew from, if it did: when the remembered list is this
-   * very request's (seen by /v1/admission first, or a retry), the conversation's last settled
-   * request is more likely that one.
-   */
-  earlier: number | null;
   /** The remembered list itself (for `remember`). */
   readonly entry: object;
 }
 
 interface Entry {
   key: string;
-  earlier: number | null;
   messages: readonly ChatMessage[];
   chain: readonly string[];
   counts: KnownCounts | null;
@@ -86,7 +79,7 @@ export class PrefixMemo {
       if (e === undefined || !sameMessages(e.messages, messages)) continue;
       this.unlink(e);
       this.link(e);
-      return { length, chain: e.chain, counts: e.counts, earlier: e.earlier, entry: e };
+      return { length, chain: e.chain, counts: e.counts, entry: e };
     }
     return null;
   }
@@ -111,15 +104,13 @@ export class PrefixMemo {
     const same = this.entries.get(key);
     if (same !== undefined) this.drop(same);
     if (bytes > this.maxBytes) return;
-    // A list seen again keeps the length it first grew from.
-    const earlier = previous === undefined ? null : previous.messages.length < messages.length ? previous.messages.length : previous.earlier;
     // The leading messages are kept as they were measured: the earlier list's objects. This
     // request's copies of them are equal only canonically — a member that is null is no member —
     // and an outside audit sent them back with 1 MB of null members' names each, held by the memo
     // while it counted the 1.7 KB measured before.
     const kept =
       previous === undefined ? messages : previous.messages.length === messages.length ? previous.messages : previous.messages.concat(messages.slice(previous.messages.length));
-    const entry: Entry = { key, earlier, messages: kept, chain, counts, bytes, older: null, newer: null };
+    const entry: Entry = { key, messages: kept, chain, counts, bytes, older: null, newer: null };
     this.entries.set(key, entry);
     this.link(entry);
     this.bytes += bytes;

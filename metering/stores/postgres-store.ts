@@ -219,17 +219,12 @@ export class PostgresLedger implements Ledger {
   }
 
 
-  async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
     if (chain.length === 0) return null;
-    // One round trip: the preferred heads first, else the most recent of the chain's. Each branch
-    // stops at its first row, so a long chain is probed only when nothing preferred matched.
-    const key = keyId === null ? '' : 'key_id = $4 AND ';
+    const key = keyId === null ? '' : 'key_id = $3 AND ';
     const { rows } = await this.pool.query<{ conversation: string }>(
-      `(SELECT conversation FROM heads WHERE ${key}tenant = $3 AND last_hash = ANY($2::text[]) ORDER BY time DESC LIMIT 1)
-       UNION ALL
-       (SELECT conversation FROM heads WHERE ${key}tenant = $3 AND last_hash = ANY($1::text[]) ORDER BY time DESC LIMIT 1)
-       LIMIT 1`,
-      keyId === null ? [chain, preferred, tenant] : [chain, preferred, tenant, keyId],
+      `SELECT conversation FROM heads WHERE ${key}tenant = $2 AND last_hash = ANY($1::text[]) ORDER BY time DESC LIMIT 1`,
+      keyId === null ? [chain, tenant] : [chain, tenant, keyId],
     );
     return rows[0]?.conversation ?? null;
   }

@@ -512,21 +512,18 @@ export class SqliteLedger implements Ledger {
     });
   }
 
-  async findConversationByChain(keyId: string | null, tenant: string, chain: string[], preferred: string[] = []): Promise<string | null> {
-    // The preferred hashes alone first: a long conversation's chain is one index probe per
-    // message, and the preferred head is what a continuing conversation finds.
-    for (const hashes of preferred.length > 0 ? [preferred, chain] : [chain]) {
-      if (hashes.length === 0) continue;
-      // No head ends on any of these hashes: nothing to ask (a new conversation's usual case).
-      const set = this.lastHashes;
-      if (set !== null && !hashes.some((hash) => set.has(hash))) continue;
-      const args = { tenant, hashes: JSON.stringify(hashes) };
-      const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
-        | { conversation: string }
-        | undefined;
-      if (hit) return hit.conversation;
-    }
-    return null;
+  async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
+    // Only the hashes some head may end on are asked for: a long conversation's chain would be one
+    // index probe per message, where a continuing conversation's usual case is one (and a new
+    // conversation's, none: nothing to ask).
+    const set = this.lastHashes;
+    const hashes = set === null ? chain : chain.filter((hash) => set.has(hash));
+    if (hashes.length === 0) return null;
+    const args = { tenant, hashes: JSON.stringify(hashes) };
+    const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
+      | { conversation: string }
+      | undefined;
+    return hit?.conversation ?? null;
   }
 
   async getRun(run: string): Promise<RunState | null> {

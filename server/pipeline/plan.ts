@@ -9,7 +9,6 @@ import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
 import { mayAnswerInAudio, planCountMethod, type ValidRequest } from './endpoints.js';
 import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, type TokenCounter } from '../../metering/types.js';
-import type { PrefixMatch } from '../../metering/prefix-memo.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
 import { countRows, planRows, type RowCounts, type RowPlan } from '../../metering/row-plan.js';
 import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast } from '../../metering/size-check.js';
@@ -262,17 +261,15 @@ export function recountable(valid: ValidRequest): boolean {
   return JSON.stringify(texts ?? null).length <= EXACT_RECOUNT_BUDGET;
 }
 
-async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[], remembered: PrefixMatch | null) {
+async function resolveConversation(gw: Gateway, headers: Headers, principal: Principal, chain: string[]) {
   const named = idHeader(headers, 'x-tollgate-conversation');
   if (named) return { conversation: named, source: 'header' as const };
   if (chain.length > 0) {
-    // The remembered earlier list is most likely the previous request's (or the one it grew from):
-    // a head ending there wins over a more recent one ending at another leading part of this one.
-    const likely =
-      remembered === null
-        ? []
-        : [chain[remembered.length - 1]!, ...(remembered.earlier !== null ? [chain[remembered.earlier - 1]!] : [])];
-    const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain, likely);
+    // The most recent head among this request's leading lists (SPEC §8), whatever the prefix memo
+    // holds: the memo is a cache, and the conversation a request joins may not depend on what this
+    // process happens to remember (ADR 0014: a warm memo once preferred the longest remembered list,
+    // so a restart moved a request to another conversation and charged it another prefix).
+    const found = await gw.ledger.findConversationByChain(principal.keyId, principal.tenant, chain);
     // A request that names its parent belongs to a child of that parent: a sub-agent forked from
     // its parent's messages resends them, and was taken into the parent's own conversation (or, a
     // level down, the grandparent's) — no child link, and the parent, its head moved, began a new
@@ -440,7 +437,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
     const reusable = c && !c.upperBound && c.images === undefined;
     gw.prefixMemo.remember(memoScope, messages, chain, reusable ? { method: c.method, prefix: c.prefix } : null, remembered);
   }
-  const { conversation, source } = await resolveConversation(gw, headers, principal, chain, remembered);
+  const { conversation, source } = await resolveConversation(gw, headers, principal, chain);
   const parent = idHeader(headers, 'x-tollgate-parent');
   // A new conversation's id was made just now: it has no head and no runs to read.
   const head = source === 'new' ? null : await gw.ledger.getHead(conversation);

@@ -154,6 +154,30 @@ t.test('a shared prefix is charged once; unused output is refunded', async (t) =
   }
 });
 
+// Regression (an outside audit): the prefix memo's longest remembered list was asked for first, so
+// a warm gateway put a request into the conversation whose head was longest, and the same request
+// after a restart (a cold memo) into the most recent one: another conversation, another charge.
+t.test('the conversation a request joins does not depend on the prefix memo: the most recent matching head, warm or cold', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const q = { role: 'user', content: 'Name three rivers of Europe.' };
+  const a = { role: 'assistant', content: 'The Danube, the Rhine and the Loire.' };
+  const q2 = { role: 'user', content: 'Which is the longest?' };
+  const longer = [q, a, q2, { role: 'assistant', content: 'The Danube.' }, { role: 'user', content: 'Where does it rise?' }];
+  const seen: Record<string, Json> = {};
+  for (const [memo, prefixMemoBytes] of [['warm', 32 * 1024 * 1024], ['cold', 0]] as const) {
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], tokenCache: { prefixMemoBytes } });
+    const send = client(gw.url);
+    const first = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [q, a, q2] });
+    const fresh = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [q] });
+    t.not(fresh.conversation, first.conversation, `${memo}: a list the first head is no prefix of begins its own conversation`);
+    const next = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: longer });
+    t.equal(next.conversation, fresh.conversation, `${memo}: the most recent request whose list leads this one's (SPEC §8)`);
+    seen[memo] = { shared: next.shared, charge: next.charge };
+  }
+  t.same(seen.warm, seen.cold, 'the same charge warm and cold');
+});
+
 t.test('a structured-output schema is read with the prompt: counted, shared while unchanged, charged again when it changes', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);
