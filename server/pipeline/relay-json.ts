@@ -88,12 +88,28 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
   // headers) is written out again without it; the common answer goes as it came (upstream-key.ts).
   // (Looked for only where the text holds the key, or an escape that might spell it.)
   const key = plan.upstream.apiKey;
-  const clean = holdsKey(text, key) || (key && text.includes('\\')) ? redactDeep(parsed, key) : parsed;
+  let clean = holdsKey(text, key) || (key && text.includes('\\')) ? redactDeep(parsed, key) : parsed;
+  // A choice the request did not ask for (an index past n) has no allowance: it is not passed on,
+  // as a stream's is not (relay-stream.ts).
+  const expected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  const asked = (choice: unknown, at: number) => {
+    const index = isObject(choice) && typeof choice.index === 'number' ? choice.index : at;
+    return index >= 0 && index < expected;
+  };
+  if (Array.isArray(clean.choices) && !clean.choices.every(asked)) clean = { ...clean, choices: clean.choices.filter(asked) };
   // Metered on what the model wrote, as the upstream sent it.
-  const choices = Array.isArray(parsed.choices) ? parsed.choices.filter(isObject) : [];
-  const texts = choices.map((choice, at) => {
+  const choices: Json[] = [];
+  const positions: number[] = [];
+  if (Array.isArray(parsed.choices)) {
+    for (const [at, choice] of parsed.choices.entries()) {
+      if (!isObject(choice) || !asked(choice, at)) continue;
+      choices.push(choice);
+      positions.push(at);
+    }
+  }
+  const texts = choices.map((choice, k) => {
     const written = choiceText(choice);
-    const echo = echoOf?.(typeof choice.index === 'number' ? choice.index : at) ?? '';
+    const echo = echoOf?.(typeof choice.index === 'number' ? choice.index : positions[k]!) ?? '';
     return echo === '' ? written : written.slice(echoedLength(written, echo));
   });
   let body = clean;

@@ -365,6 +365,17 @@ t.test('a whole answer whose provider reports fewer output tokens than it wrote 
   t.match((await rows(gw)).at(-1), { generated_tokens: 18, output_method: 'provider' });
 });
 
+// Regression: a whole answer passed on, and counted, choices past the n the request asked for (a
+// stream's were dropped): they had no allowance.
+t.test('a whole answer with more choices than asked for: those past n are not passed on or counted', async (t) => {
+  const choice = (index: number, content: string) => ({ index, message: { role: 'assistant', content }, finish_reason: 'stop' });
+  const answer = { ...ID, object: 'chat.completion', choices: [choice(0, ' one'.repeat(5)), choice(1, ' two'.repeat(30))], usage: { prompt_tokens: 9, completion_tokens: 0, total_tokens: 9 } };
+  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
+  const { text } = await post(gw, ask());
+  t.same((JSON.parse(text) as { choices: Json[] }).choices.map((c) => c.index), [0], 'only the choice asked for');
+  t.match((await rows(gw)).at(-1), { generated_tokens: 5, output_method: 'tiktoken:o200k_base' }, 'and only it counted');
+});
+
 t.test('a model counted by the byte estimate: a provider figure under one token for 8 bytes of its text is not taken', async (t) => {
   const content = ' internationalization'.repeat(4); // 84 bytes: an estimate of 21 tokens
   let completion = 0;
