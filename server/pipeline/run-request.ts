@@ -443,19 +443,17 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
   const text = evidenceExcerpt(plan.valid.messages ?? []);
   const headers = { ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), 'x-tollgate-fallback': 'evidence-excerpt' };
   finishLog(200);
+  // Usage: nothing where the turn failed and was refunded whole; what was charged where the model
+  // read the prompt and wrote (only tool calls, or nothing visible).
+  const usage = settled.chargeTokens === 0 ? NOTHING_USED : usageChunkFigures(plan, null, settled);
   if (!plan.valid.stream) {
-    reply.code(200).headers(headers).send(excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n }));
+    reply.code(200).headers(headers).send({ ...excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n }), usage });
     return;
   }
   let body = '';
   const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n });
   for (const chunk of chunks) body += sseData(chunk);
-  // Usage, if the client asked for it: nothing where the turn failed and was refunded whole; what
-  // was charged where the model read the prompt and wrote (only tool calls, or nothing visible).
-  if (plan.valid.includeUsage) {
-    const usage = settled.chargeTokens === 0 ? NOTHING_USED : usageChunkFigures(plan, null, settled);
-    body += sseData({ ...chunks[0], choices: [], usage });
-  }
+  if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage });
   body += closingComment(settled, true);
   body += 'data: [DONE]\n\n';
   reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);

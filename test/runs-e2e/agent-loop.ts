@@ -24,6 +24,8 @@ export interface Turn {
   toolCalls: Call[];
   finishReason: string | null;
   headers: Headers;
+  /** A whole answer's usage (null for a stream: the loop does not ask for its usage chunk). */
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number } | null;
 }
 
 export interface TurnOptions {
@@ -78,6 +80,7 @@ export async function turn(c: OpenAI, messages: ChatCompletionMessageParam[], o:
       toolCalls: calls.map((tc) => ({ id: tc.id, name: tc.function.name, arguments: tc.function.arguments })),
       finishReason: choice?.finish_reason ?? null,
       headers: response.headers,
+      usage: data.usage ?? null,
     };
   }
   const { data: stream, response } = await c.chat.completions.create({ ...body, stream: true }, { headers }).withResponse();
@@ -96,7 +99,7 @@ export async function turn(c: OpenAI, messages: ChatCompletionMessageParam[], o:
     }
     if (choice.finish_reason) finishReason = choice.finish_reason;
   }
-  return { content, toolCalls: calls, finishReason, headers: response.headers };
+  return { content, toolCalls: calls, finishReason, headers: response.headers, usage: null };
 }
 
 export interface AgentOptions extends TurnOptions {

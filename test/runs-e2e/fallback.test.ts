@@ -46,6 +46,13 @@ for (const stream of [false, true]) {
     // 4. Labelled as a fallback, on a final turn.
     t.equal(final.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
     t.equal(final.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+    // 5. A whole answer says what the turn used, as any completion does: the model read the prompt
+    // and wrote a call that was dropped.
+    if (!stream) {
+      const u = final.usage;
+      t.ok(u !== null && u.prompt_tokens > 0 && u.completion_tokens > 0, `usage of the turn: ${JSON.stringify(u)}`);
+      t.equal(u?.total_tokens, (u?.prompt_tokens ?? 0) + (u?.completion_tokens ?? 0));
+    }
   });
 
   t.test(`a final turn that writes a line and then proposes tools again → the excerpt too (${mode})`, async (t) => {
@@ -99,6 +106,7 @@ for (const stream of [false, true]) {
     t.equal(final.content.split('\n')[0], EXCERPT_FIRST_LINE);
     t.match(final.content, /pricing\/price-table\.ts wraps genai-prices/);
     t.same(final.toolCalls, []);
+    if (!stream) t.same(final.usage, { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 }, 'its usage: nothing used');
     // 3. Nothing was generated: the whole reservation of the failed turn is refunded (SPEC §2.7).
     const reserved = Number(final.headers.get('x-tollgate-reserved-tokens'));
     t.ok(reserved > 0);
