@@ -80,7 +80,9 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
   // Of the caps above, the one with the least room left is the one that holds this request.
   const above = state.ancestors.map(scopeView).filter((v): v is MoneyView => v !== null);
   const view = {
-    run: budgetTokens === null ? null : { limit_tokens: budgetTokens, remaining_tokens: Math.max(0, budgetTokens - state.usedTokens) },
+    // Always the object SPEC §11 shows: its figures are null where no run budget holds the request
+    // (completions, embeddings, or `runs.tokenBudget: null`).
+    run: budgetTokens === null ? { limit_tokens: null, remaining_tokens: null } : { limit_tokens: budgetTokens, remaining_tokens: Math.max(0, budgetTokens - state.usedTokens) },
     conversation: scopeView(state.conversation),
     parent: above.reduce<MoneyView | null>((tightest, v) => (tightest === null || v.remaining_usd < tightest.remaining_usd ? v : tightest), null),
     monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd, month.reservedUsd),

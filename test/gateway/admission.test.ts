@@ -83,7 +83,7 @@ t.test('the context window bounds max_affordable_allowance when no budget does',
   const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { contextWindow: 300 })], runs: { tokenBudget: null } });
   const res = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { model: 'gpt-4o', messages: [{ role: 'user', content: 'Hi' }] } }) });
   const a = (await res.json()) as Json;
-  t.equal((a.budgets as Json).run, null);
+  t.same((a.budgets as Json).run, { limit_tokens: null, remaining_tokens: null }, 'no run budget: the object, its figures null');
   t.equal(a.max_affordable_allowance, 300 - (a.longest_row as number));
   t.equal((a.charge as Json).allowance, 300 - (a.longest_row as number), 'an unspecified allowance is clamped to the room left');
 });
@@ -97,7 +97,7 @@ t.test('completions and embeddings are not runs: the run token budget does not h
   t.equal((await post('/v1/embeddings', { model: 'gpt-4o', input: [row, row, row] })).status, 200, '180 tokens of embeddings against a 100-token run budget');
   t.equal((await post('/v1/completions', { model: 'gpt-4o', prompt: row, max_tokens: 80 })).status, 200);
   const plan = (await (await post('/v1/admission', { endpoint: '/v1/embeddings', request: { model: 'gpt-4o', input: [row, row] } })).json()) as Json;
-  t.equal((plan.budgets as Json).run, null);
+  t.same((plan.budgets as Json).run, { limit_tokens: null, remaining_tokens: null }, 'no run budget holds embeddings');
   // A chat request of the same size is a run, and is held.
   t.equal((await post('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 80, messages: [{ role: 'user', content: row }] })).status, 402);
 });
