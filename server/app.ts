@@ -63,7 +63,7 @@ export interface AppOptions {
   logger?: FastifyServerOptions['logger'];
   /** How old an open reservation must be to count as left by a crash (default 10 minutes). */
   staleReservationMs?: number;
-  /** How often in-flight reservations are kept alive and stale ones swept (default 60 s; tests shorten it). */
+  /** How often in-flight reservations are kept alive and stale ones swept (default 12 s; tests shorten it). */
   sweepIntervalMs?: number;
   /**
    * Load the tiktoken encodings the OpenAI-kind upstreams can need before serving (server/main.ts
