@@ -1,13 +1,15 @@
 // Stage 5 — forward (SPEC §2): the allowance made explicit so the upstream can never generate more
 // than was reserved, usage forced on for streams, the client's credentials replaced by the
-// upstream's, and nothing of the client's headers passed on (so no hop-by-hop header leaks).
+// upstream's, and the client's other end-to-end headers passed on (client-headers.ts).
 // undici failures become typed 502/504 errors that keep their cause (as @fastify/reply-from does).
 
+import type { IncomingHttpHeaders } from 'node:http';
 import type { Dispatcher } from 'undici';
 import { GatewayError } from '../errors.js';
 import type { Plan } from './plan.js';
 import { ENDPOINT_PATHS } from './endpoints.js';
 import { errorEnvelopeOf, upstreamErrorIn } from './upstream-error-body.js';
+import { clientHeaders } from './client-headers.js';
 
 export function upstreamPath(plan: Plan): string {
   const { upstream } = plan;
@@ -95,9 +97,10 @@ export function badUpstreamStream(upstream: string, what: string): Record<string
   return badUpstreamResponse(upstream, what).toEnvelope().error;
 }
 
-export async function forward(plan: Plan, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+export async function forward(plan: Plan, signal: AbortSignal, fromClient: IncomingHttpHeaders = {}): Promise<Dispatcher.ResponseData> {
   const { upstream } = plan;
   const headers: Record<string, string> = {
+    ...clientHeaders(fromClient),
     'content-type': 'application/json',
     accept: plan.valid.stream ? 'text/event-stream' : 'application/json',
     // The gateway reads the answer as it comes, to meter it: a compressed one it could not read.

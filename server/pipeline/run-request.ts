@@ -255,7 +255,7 @@ async function relayAdmitted(
   const neverSent = abort.signal.aborted;
   upstreamCalled = !neverSent;
   try {
-    res = await forward(plan, abort.signal);
+    res = await forward(plan, abort.signal, request.headers);
   } catch (err) {
     upstreamMs = performance.now() - tForward;
     if (draining()) err = stoppedByShutdown();

@@ -3,6 +3,7 @@
 
 import t from 'tap';
 import OpenAI from 'openai';
+import { request as httpRequest } from 'node:http';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startGateway, openaiUpstream } from '../helpers/gateway.js';
 
@@ -28,6 +29,42 @@ t.test('chat, non-streamed, through the openai SDK', async (t) => {
   t.equal(refund, 15);
   t.equal(charge + refund, reserved);
   t.ok(response.headers.get('x-tollgate-conversation'));
+});
+
+// Regression (an outside audit of SPEC §2): nothing of the client's headers reached the upstream,
+// where only its credentials and the hop-by-hop headers are to stay behind.
+t.test("the client's end-to-end headers reach the upstream; its credentials, hop-by-hop headers and the gateway's own do not", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] }, { env: { DOUBLE_KEY: 'sk-upstream' } });
+  const client = new OpenAI({
+    baseURL: `${gw.url}/v1`,
+    apiKey: 'tg-anything',
+    organization: 'org-client',
+    project: 'proj-client',
+    defaultHeaders: { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', 'x-tollgate-conversation': 'c-headers', 'api-key': 'client-azure-key', cookie: 'session=secret', 'x-request-id': 'client-id' },
+  });
+  await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
+  const seen = upstream.requests.at(-1)!.headers;
+  t.match(seen, { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', authorization: 'Bearer sk-upstream', 'accept-encoding': 'identity' }, "passed on, beside the gateway's own");
+  t.match(String(seen['user-agent']), /^OpenAI\/JS/, "the SDK's user agent");
+  t.ok(Object.keys(seen).some((name) => name.startsWith('x-stainless-')), "the SDK's x-stainless-* headers");
+  for (const name of ['openai-organization', 'openai-project', 'api-key', 'cookie', 'x-tollgate-conversation']) t.equal(seen[name], undefined, `${name} stays behind`);
+  t.not(seen['x-request-id'], 'client-id', "the request id is the gateway's");
+  // Hop-by-hop headers, and one the client's `connection` names (fetch will not send these).
+  const body = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
+  const { port } = new URL(gw.url);
+  await new Promise<void>((resolve, reject) => {
+    const req = httpRequest(
+      { port, method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), connection: 'keep-alive, x-hop', 'keep-alive': 'timeout=5', 'x-hop': '1', te: 'trailers', 'x-kept': 'yes' }, agent: false },
+      (res) => res.resume().on('end', resolve),
+    );
+    req.on('error', reject);
+    req.end(body);
+  });
+  const raw = upstream.requests.at(-1)!.headers;
+  t.equal(raw['x-kept'], 'yes');
+  for (const name of ['keep-alive', 'x-hop', 'te']) t.equal(raw[name], undefined, `${name} stays behind`);
 });
 
 t.test('chat, streamed, through the openai SDK', async (t) => {
