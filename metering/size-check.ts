@@ -150,14 +150,11 @@ function checkWindow(plan: PlanFigures, window: number, generates: boolean): Siz
   if (index < 0) return null;
   const row = rowFigure(plan, index);
   const prompt = row.tokens;
-  const asks = allowance > 0 ? ` and max_tokens asks for ${allowance} more` : '';
+  // A prompt exactly the window's size is not "more" than it: the one token it must leave to
+  // generate is, said in the shape of SPEC §11's second message.
+  const asks = allowance > 0 ? ` and max_tokens asks for ${allowance} more` : generates && prompt === window ? ' and 1 more to generate' : '';
   const needs = row.kind === 'upper' ? `up to ${prompt}` : row.kind === 'lower' ? `at least ${prompt}` : `${prompt}`;
-  // A prompt exactly the window's size is not "more" than it: it leaves nothing to generate.
-  const message =
-    (allowance === 0 && prompt === window
-      ? `request too large: the prompt needs ${needs} tokens, all of the model's context window of ${window} tokens, leaving none to generate`
-      : `request too large: the prompt needs ${needs} tokens${asks}, more than the model's context window of ${window} tokens`) +
-    why(row);
+  const message = `request too large: the prompt needs ${needs} tokens${asks}, more than the model's context window of ${window} tokens` + why(row);
   return {
     code: 'context_window_exceeded',
     message,

@@ -367,7 +367,7 @@ t.test('a prompt exactly the window: refused as leaving no room to generate; an 
   t.equal(planned.row_tokens?.[0], 64);
   const res = await post('/v1/chat/completions', request);
   t.equal(res.status, 413);
-  t.equal(res.body.error.message, "request too large: the prompt needs 64 tokens, all of the model's context window of 64 tokens, leaving none to generate");
+  t.equal(res.body.error.message, "request too large: the prompt needs 64 tokens and 1 more to generate, more than the model's context window of 64 tokens");
 
   const input = ' word'.repeat(64 - tokens(' word'.repeat(64)) + 64);
   t.equal(tokens(input), 64);
