@@ -42,14 +42,14 @@ t.test("the client's end-to-end headers reach the upstream; its credentials, hop
     apiKey: 'tg-anything',
     organization: 'org-client',
     project: 'proj-client',
-    defaultHeaders: { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', 'x-tollgate-conversation': 'c-headers', 'api-key': 'client-azure-key', cookie: 'session=secret', 'x-request-id': 'client-id' },
+    defaultHeaders: { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', 'x-tollgate-conversation': 'c-headers', 'api-key': 'client-azure-key', 'x-goog-api-key': 'client-google-key', cookie: 'session=secret', 'x-request-id': 'client-id', 'if-none-match': '"etag"' },
   });
   await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
   const seen = upstream.requests.at(-1)!.headers;
   t.match(seen, { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', authorization: 'Bearer sk-upstream', 'accept-encoding': 'identity' }, "passed on, beside the gateway's own");
   t.match(String(seen['user-agent']), /^OpenAI\/JS/, "the SDK's user agent");
   t.ok(Object.keys(seen).some((name) => name.startsWith('x-stainless-')), "the SDK's x-stainless-* headers");
-  for (const name of ['openai-organization', 'openai-project', 'api-key', 'cookie', 'x-tollgate-conversation']) t.equal(seen[name], undefined, `${name} stays behind`);
+  for (const name of ['openai-organization', 'openai-project', 'api-key', 'x-goog-api-key', 'cookie', 'x-tollgate-conversation', 'if-none-match']) t.equal(seen[name], undefined, `${name} stays behind`);
   t.not(seen['x-request-id'], 'client-id', "the request id is the gateway's");
   // Hop-by-hop headers, and one the client's `connection` names (fetch will not send these).
   const body = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
