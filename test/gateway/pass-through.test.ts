@@ -32,8 +32,9 @@ t.test('chat, non-streamed, through the openai SDK', async (t) => {
 });
 
 // Regression (an outside audit of SPEC §2): nothing of the client's headers reached the upstream,
-// where only its credentials and the hop-by-hop headers are to stay behind.
-t.test("the client's end-to-end headers reach the upstream; its credentials, hop-by-hop headers and the gateway's own do not", async (t) => {
+// where SPEC §2 drops its credentials and the hop-by-hop headers. Those that describe the client
+// and its call go on; those that could choose the route, the account or the cache do not.
+t.test("the client's descriptive headers reach the upstream; its credentials, routing, hop-by-hop headers and the gateway's own do not", async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 2 });
   t.teardown(upstream.close);
   const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] }, { env: { DOUBLE_KEY: 'sk-upstream' } });
@@ -42,28 +43,28 @@ t.test("the client's end-to-end headers reach the upstream; its credentials, hop
     apiKey: 'tg-anything',
     organization: 'org-client',
     project: 'proj-client',
-    defaultHeaders: { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', 'x-tollgate-conversation': 'c-headers', 'api-key': 'client-azure-key', 'x-goog-api-key': 'client-google-key', cookie: 'session=secret', 'x-request-id': 'client-id', 'if-none-match': '"etag"' },
+    defaultHeaders: { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', 'x-tollgate-conversation': 'c-headers', 'api-key': 'client-azure-key', 'x-goog-user-project': 'client-project', 'x-portkey-config': 'pc-other', cookie: 'session=secret', 'x-request-id': 'client-id', 'if-none-match': '"etag"', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' },
   });
   await client.chat.completions.create({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
   const seen = upstream.requests.at(-1)!.headers;
-  t.match(seen, { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', authorization: 'Bearer sk-upstream', 'accept-encoding': 'identity' }, "passed on, beside the gateway's own");
+  t.match(seen, { 'openai-beta': 'assistants=v2', 'x-title': 'My agent', 'http-referer': 'https://example.test', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', authorization: 'Bearer sk-upstream', 'accept-encoding': 'identity' }, "passed on, beside the gateway's own");
   t.match(String(seen['user-agent']), /^OpenAI\/JS/, "the SDK's user agent");
   t.ok(Object.keys(seen).some((name) => name.startsWith('x-stainless-')), "the SDK's x-stainless-* headers");
-  for (const name of ['openai-organization', 'openai-project', 'api-key', 'x-goog-api-key', 'cookie', 'x-tollgate-conversation', 'if-none-match']) t.equal(seen[name], undefined, `${name} stays behind`);
+  for (const name of ['openai-organization', 'openai-project', 'api-key', 'x-goog-user-project', 'x-portkey-config', 'cookie', 'x-tollgate-conversation', 'if-none-match']) t.equal(seen[name], undefined, `${name} stays behind`);
   t.not(seen['x-request-id'], 'client-id', "the request id is the gateway's");
   // Hop-by-hop headers, and one the client's `connection` names (fetch will not send these).
   const body = JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'Say hi' }], max_tokens: 5 });
   const { port } = new URL(gw.url);
   await new Promise<void>((resolve, reject) => {
     const req = httpRequest(
-      { port, method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), connection: 'keep-alive, x-hop', 'keep-alive': 'timeout=5', 'x-hop': '1', te: 'trailers', 'x-kept': 'yes' }, agent: false },
+      { port, method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), connection: 'keep-alive, x-hop', 'keep-alive': 'timeout=5', 'x-hop': '1', te: 'trailers', 'x-title': 'kept' }, agent: false },
       (res) => res.resume().on('end', resolve),
     );
     req.on('error', reject);
     req.end(body);
   });
   const raw = upstream.requests.at(-1)!.headers;
-  t.equal(raw['x-kept'], 'yes');
+  t.equal(raw['x-title'], 'kept');
   for (const name of ['keep-alive', 'x-hop', 'te']) t.equal(raw[name], undefined, `${name} stays behind`);
 });
 
