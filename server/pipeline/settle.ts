@@ -5,7 +5,6 @@ import type { Gateway } from '../gateway.js';
 import { monthOf, type Plan } from './plan.js';
 import type { ConversationHead, MonthAfterSettle, Settlement, UpstreamFigures } from '../../metering/ledger.js';
 import { settleTokens } from '../../metering/charge.js';
-import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { turnCost } from '../../pricing/turn-cost.js';
 import { pricierNotice, budgetNearReached, BUDGET_NEAR_NOTICE } from '../../pricing/notices.js';
 import { isLedgerUnavailable } from '../ledger-guard.js';
@@ -86,13 +85,6 @@ export function providerOutputTrusted(plan: Plan, usage: Json | null): boolean {
 }
 
 /**
- * Bytes of answer text a token very rarely exceeds: English runs at about 4 or 5 under o200k_base,
- * code and other scripts at fewer. Under the byte estimate (four bytes a token), a provider's figure
- * below one token for every 8 bytes of the text it wrote is not taken.
- */
-const PLAUSIBLE_BYTES_PER_TOKEN = 8;
-
-/**
  * The conversation's new head, written in the same commit as the settlement: every admitted chat
  * request is the most recent of its conversation (SPEC §8), whatever its outcome — else the next
  * request, which resends these messages without the conversation's header, would be inferred into
@@ -127,12 +119,13 @@ function headAfter(plan: Plan, o: Outcome, costUsd: number | null, generated: nu
 
 export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settled> {
   const f = figures(o.usage, o.timings);
-  // What the gateway itself counted exactly with the model's tokenizer as it relayed (a stream) is
-  // a floor: the tokens the client visibly got. A provider that reports fewer (0, or a figure sent
-  // early in the stream and never brought up to date) is not taken at its word.
+  // What the gateway itself counted exactly with the model's tokenizer, as it relayed a stream or
+  // read a whole answer, is a floor: the tokens the client visibly got. A provider that reports
+  // fewer (0, or a figure sent early in the stream and never brought up to date) is not taken at
+  // its word. The byte estimate is no bound either way (a table's padding or a rule of dashes runs
+  // to 40 bytes a token and more): it refuses only a figure of 0 for text that came.
   const ownExact = o.countedMethod.startsWith('tiktoken:') && !o.countedMethod.endsWith(':upper-bound') ? o.countedOutput : 0;
-  // Without a tokenizer, the estimate (four bytes a token) tells a figure far below what was written.
-  const floor = o.countedMethod === 'estimate:bytes' ? Math.floor((o.countedOutput * BYTES_PER_ESTIMATED_TOKEN) / PLAUSIBLE_BYTES_PER_TOKEN) : ownExact;
+  const floor = o.countedMethod === 'estimate:bytes' ? Math.min(o.countedOutput, 1) : ownExact;
   const provided = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
   const trusted = provided !== null && provided >= floor ? provided : null;
   // Audio the model spoke, with no figure from the provider (a client that left before the usage

@@ -376,16 +376,22 @@ t.test('a whole answer with more choices than asked for: those past n are not pa
   t.match((await rows(gw)).at(-1), { generated_tokens: 5, output_method: 'tiktoken:o200k_base' }, 'and only it counted');
 });
 
-t.test('a model counted by the byte estimate: a provider figure under one token for 8 bytes of its text is not taken', async (t) => {
-  const content = ' internationalization'.repeat(4); // 84 bytes: an estimate of 21 tokens
+// The byte estimate is no bound: an outside review sent a rule of 4,000 dashes that the provider
+// said was 96 tokens, and a first version of the check above charged the whole allowance for it.
+t.test('a model counted by the byte estimate: a provider figure of 0 for text that came is not taken; any other is', async (t) => {
+  let content = ' internationalization'.repeat(4); // 84 bytes: an estimate of 21 tokens
   let completion = 0;
   const answer = () => ({ ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: 'stop' }], usage: { prompt_tokens: 9, completion_tokens: completion, total_tokens: 9 + completion } });
   const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer())] }), {}, { models: ['*'] });
-  for (const [reported, generated, method] of [[0, 20, 'estimate:bytes'], [10, 10, 'provider']] as const) {
+  for (const [reported, generated, method] of [[0, 20, 'estimate:bytes'], [3, 3, 'provider']] as const) {
     completion = reported;
     await post(gw, { ...ask(), model: 'mistral-large' });
     t.match((await rows(gw)).at(-1), { generated_tokens: generated, output_method: method }, `${reported} reported`);
   }
+  content = '-'.repeat(4000);
+  completion = 96;
+  await post(gw, { ...ask(), model: 'mistral-large', max_tokens: 1000 });
+  t.match((await rows(gw)).at(-1), { generated_tokens: 96, output_method: 'provider' }, '4,000 dashes the provider says are 96 tokens');
 });
 
 t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", async (t) => {
