@@ -26,7 +26,7 @@ export interface JsonOutcome {
   raw: string | null;
   usage: Json | null;
   timings: Json | null;
-  /** Generated text per choice (output-meter.ts `writtenText`), to count when usage can't be trusted. */
+  /** Generated text per choice (output-meter.ts `writtenText`), counted as a floor under the provider's figure. */
   texts: string[];
   /** A choice's message carries audio the model spoke (`carriesAudio`), which `texts` cannot count. */
   audio: boolean;
@@ -36,6 +36,8 @@ export interface JsonOutcome {
    * of its `n` choices did and the excerpt already stands in `body` for the others.
    */
   fallback: 'none' | 'partial' | 'whole';
+  /** Choices past those the request asked for were dropped: the provider's output figure covers them too. */
+  unaskedChoices: boolean;
 }
 
 function isObject(v: unknown): v is Json {
@@ -89,14 +91,17 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
   // (Looked for only where the text holds the key, or an escape that might spell it.)
   const key = plan.upstream.apiKey;
   let clean = holdsKey(text, key) || (key && text.includes('\\')) ? redactDeep(parsed, key) : parsed;
-  // A choice the request did not ask for (an index past n) has no allowance: it is not passed on,
-  // as a stream's is not (relay-stream.ts).
+  // More choices than the request asked for: those past n have no allowance, and are not passed on
+  // or counted, as a stream's are not (relay-stream.ts). (As many as asked, however numbered — a
+  // server that counts from 1 — are the answer.)
   const expected = plan.valid.n * (plan.valid.kind === 'completions' ? plan.rows.rows : 1);
+  const unaskedChoices = Array.isArray(parsed.choices) && parsed.choices.length > expected;
   const asked = (choice: unknown, at: number) => {
+    if (!unaskedChoices) return true;
     const index = isObject(choice) && typeof choice.index === 'number' ? choice.index : at;
     return index >= 0 && index < expected;
   };
-  if (Array.isArray(clean.choices) && !clean.choices.every(asked)) clean = { ...clean, choices: clean.choices.filter(asked) };
+  if (unaskedChoices && Array.isArray(clean.choices)) clean = { ...clean, choices: clean.choices.filter(asked) };
   // Metered on what the model wrote, as the upstream sent it.
   const choices: Json[] = [];
   const positions: number[] = [];
@@ -136,5 +141,6 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
     texts,
     audio: choices.some((choice) => isObject(choice.message) && carriesAudio(choice.message)),
     fallback,
+    unaskedChoices,
   };
 }

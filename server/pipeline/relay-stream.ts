@@ -42,6 +42,8 @@ export interface StreamOutcome {
    * the text already reached the client).
    */
   excerptAppended: boolean;
+  /** Chunks of choices past those the request asked for came, and were not passed on (their usage is in the provider's figure). */
+  unaskedChoices: boolean;
   /** Chunk metadata (id, model, created) for chunks the gateway writes itself. */
   meta: Json;
   /** The response head was written (false: nothing reached the client yet). */
@@ -82,6 +84,7 @@ export async function relayStream(
     visibleText: false,
     audio: false,
     excerptAppended: false,
+    unaskedChoices: false,
     meta: {},
     started: false,
   };
@@ -267,6 +270,7 @@ export async function relayStream(
       // the upstream said was finished and goes on with is passed on and metered all the same
       // (Gemini behind some proxies says "stop" in every chunk).
       if (cutChoices.has(index) || index < 0 || index >= choicesExpected) {
+        if (!cutChoices.has(index)) out.unaskedChoices = true;
         untouched = false;
         continue;
       }

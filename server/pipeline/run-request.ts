@@ -357,6 +357,7 @@ async function relayAdmitted(
       fallback: json.fallback !== 'none',
       refundAll: false,
       uncountedAudio: json.audio,
+      unaskedChoices: json.unaskedChoices,
     };
     settled = await settle(gw, plan, outcome);
     if (fallback) return sendFallback(gw, plan, reply, notices, settled, finishLog);
@@ -409,6 +410,7 @@ async function relayAdmitted(
     fallback: fallback || streamed.excerptAppended,
     refundAll: failedBeforeOutput,
     uncountedAudio: streamed.audio,
+    unaskedChoices: streamed.unaskedChoices,
   };
   settled = await settle(gw, plan, outcome);
   if (!raw.destroyed) {
@@ -468,8 +470,8 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
  * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
  * allowance, as a stream's is (ADR 0004).
  */
-async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null }): Promise<{ tokens: number; method: string }> {
-  if (counter.method === 'llamacpp' && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
+async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null; unaskedChoices: boolean }): Promise<{ tokens: number; method: string }> {
+  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
   let upperBound = false;
   let estimated = counter.method === 'estimate:bytes';
   const counts = await Promise.all(

@@ -26,6 +26,11 @@ export interface Outcome {
    * count leaves out. Without the provider's figure the whole allowance is charged.
    */
   uncountedAudio?: boolean;
+  /**
+   * The upstream wrote choices past those the request asked for, which were not passed on: its
+   * completion figure covers them too, so the gateway's own count of what was passed on is taken.
+   */
+  unaskedChoices?: boolean;
 }
 
 export interface Settled {
@@ -126,7 +131,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // to 40 bytes a token and more): it refuses only a figure of 0 for text that came.
   const ownExact = o.countedMethod.startsWith('tiktoken:') && !o.countedMethod.endsWith(':upper-bound') ? o.countedOutput : 0;
   const floor = o.countedMethod === 'estimate:bytes' ? Math.min(o.countedOutput, 1) : ownExact;
-  const provided = o.refundAll ? null : trustedCompletionTokens(plan, o.usage);
+  const provided = o.refundAll || o.unaskedChoices === true ? null : trustedCompletionTokens(plan, o.usage);
   const trusted = provided !== null && provided >= floor ? provided : null;
   // Audio the model spoke, with no figure from the provider (a client that left before the usage
   // chunk, an upstream that sends none): the gateway cannot count it, so the turn is charged its

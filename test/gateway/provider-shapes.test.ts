@@ -366,14 +366,24 @@ t.test('a whole answer whose provider reports fewer output tokens than it wrote 
 });
 
 // Regression: a whole answer passed on, and counted, choices past the n the request asked for (a
-// stream's were dropped): they had no allowance.
-t.test('a whole answer with more choices than asked for: those past n are not passed on or counted', async (t) => {
+// stream's were dropped): they had no allowance. Dropped, they are not paid for either: the
+// provider's figure covers them, so the gateway's count of what was passed on is taken.
+t.test('more choices than asked for: those past n are not passed on, counted or paid for', async (t) => {
   const choice = (index: number, content: string) => ({ index, message: { role: 'assistant', content }, finish_reason: 'stop' });
-  const answer = { ...ID, object: 'chat.completion', choices: [choice(0, ' one'.repeat(5)), choice(1, ' two'.repeat(30))], usage: { prompt_tokens: 9, completion_tokens: 0, total_tokens: 9 } };
-  const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
+  const usage = { prompt_tokens: 9, completion_tokens: 35, total_tokens: 44 };
+  let choices = [choice(0, ' one'.repeat(5)), choice(1, ' two'.repeat(30))];
+  const streamed = [chunk({ role: 'assistant', content: ' one'.repeat(5) }), chunk({ role: 'assistant', content: ' two'.repeat(30) }, {}, 1), finish(), finish('stop', 1), `data: ${JSON.stringify({ ...ID, choices: [], usage })}\n\n`, DONE];
+  const { gw } = await scripted(t, (body) => ({ stream: body.stream === true, pieces: body.stream === true ? streamed : [JSON.stringify({ ...ID, object: 'chat.completion', choices, usage })] }));
   const { text } = await post(gw, ask());
   t.same((JSON.parse(text) as { choices: Json[] }).choices.map((c) => c.index), [0], 'only the choice asked for');
-  t.match((await rows(gw)).at(-1), { generated_tokens: 5, output_method: 'tiktoken:o200k_base' }, 'and only it counted');
+  t.match((await rows(gw)).at(-1), { generated_tokens: 5, output_method: 'tiktoken:o200k_base', upstream_completion_tokens: 35 }, 'only it counted, and paid for');
+  const stream = await post(gw, ask({ stream: true }));
+  t.notOk(stream.text.includes(' two'), 'a stream passes on only the choice asked for');
+  t.match((await rows(gw)).at(-1), { generated_tokens: 5, output_method: 'tiktoken:o200k_base' }, 'and is paid for it alone');
+  // As many choices as asked, however numbered (a server counting from 1), are the answer.
+  choices = [choice(1, ' one'.repeat(5))];
+  const { text: numbered } = await post(gw, ask());
+  t.same((JSON.parse(numbered) as { choices: Json[] }).choices.map((c) => c.index), [1], 'one choice, kept');
 });
 
 // The byte estimate is no bound: an outside review sent a rule of 4,000 dashes that the provider
