@@ -247,10 +247,12 @@ export function carriesAudio(part: Record<string, unknown>): boolean {
  * generated output counts the tool calls written).
  */
 export function writtenText(part: Record<string, unknown>): string {
-  let text = typeof part.content === 'string' ? part.content : '';
+  // Reasoning first, as a model writes it and a stream's meter reads it: a whole answer's count
+  // then joins its texts where the stream's does (a token can straddle the join).
   const { reasoning_content: reasoningContent, reasoning } = part;
-  if (typeof reasoningContent === 'string') text += reasoningContent;
+  let text = typeof reasoningContent === 'string' ? reasoningContent : '';
   if (typeof reasoning === 'string' && reasoning !== reasoningContent) text += reasoning;
+  if (typeof part.content === 'string') text += part.content;
   if (typeof part.refusal === 'string') text += part.refusal;
   text += transcriptOf(part);
   if (Array.isArray(part.tool_calls)) {

@@ -388,6 +388,18 @@ t.test('more choices than asked for: those past n are not passed on, counted or 
 
 // The byte estimate is no bound: an outside review sent a rule of 4,000 dashes that the provider
 // said was 96 tokens, and a first version of the check above charged the whole allowance for it.
+// A whole answer's texts are counted in the order a model writes them and a stream's meter reads
+// them: reasoning, then content ("ing" + "Let me think" is 4 tokens, "Let me think" + "ing" 3).
+t.test('a whole answer with reasoning is counted as the same answer streamed', async (t) => {
+  const usage = { prompt_tokens: 9, completion_tokens: 0, total_tokens: 9 };
+  const streamed = [chunk({ role: 'assistant', reasoning_content: 'Let me think' }), chunk({ content: 'ing' }), finish(), `data: ${JSON.stringify({ ...ID, choices: [], usage })}\n\n`, DONE];
+  const whole = { ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'ing', reasoning_content: 'Let me think' }, finish_reason: 'stop' }], usage };
+  const { gw } = await scripted(t, (body) => ({ stream: body.stream === true, pieces: body.stream === true ? streamed : [JSON.stringify(whole)] }));
+  await post(gw, ask({ stream: true }));
+  await post(gw, ask());
+  t.same((await rows(gw)).map((r) => r.generated_tokens), [3, 3]);
+});
+
 t.test('a model counted by the byte estimate: a provider figure of 0 for text that came is not taken; any other is', async (t) => {
   let content = ' internationalization'.repeat(4); // 84 bytes: an estimate of 21 tokens
   let completion = 0;
