@@ -351,4 +351,4 @@ export interface Ledger {
   pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }>;
 }
 
-export type HistoryTable = 'heads' | 'runs';
+export type HistoryTable = 'heads' | 'chain_ends' | 'runs';

@@ -286,8 +286,8 @@ const route: FastifyPluginAsync = async (app) => {
       await turn();
     }
     const historyUntil = Math.min(until, app.gateway.clock() - HISTORY_KEPT_MS);
-    const history = { heads: 0, runs: 0 };
-    for (const table of ['heads', 'runs'] as const) {
+    const history = { heads: 0, chain_ends: 0, runs: 0 };
+    for (const table of ['heads', 'chain_ends', 'runs'] as const) {
       for (let after: string | null = ''; after !== null; ) {
         const batch = await ledger().pruneHistory(table, historyUntil, after, PRUNE_BATCH_HISTORY);
         history[table] += batch.deleted;
@@ -295,7 +295,7 @@ const route: FastifyPluginAsync = async (app) => {
         await turn();
       }
     }
-    request.log.info({ until: new Date(until).toISOString(), deleted, heads_deleted: history.heads, runs_deleted: history.runs }, 'ledger rows deleted');
+    request.log.info({ until: new Date(until).toISOString(), deleted, heads_deleted: history.heads, chain_ends_deleted: history.chain_ends, runs_deleted: history.runs }, 'ledger rows deleted');
     return { deleted, heads_deleted: history.heads, runs_deleted: history.runs, until: new Date(until).toISOString() };
   });
 

@@ -170,6 +170,25 @@ ALTER TABLE heads ALTER COLUMN last_prompt_tokens TYPE bigint, ALTER COLUMN last
     // upgrade (seconds for millions of rows).
     sql: `CREATE INDEX ledger_rows_by_finished ON ledger_rows (finished_at, id) WHERE finished_at IS NOT NULL;`,
   },
+  {
+    version: 9,
+    // Where each request's message list ended, per key: the most recent request whose list leads
+    // a new one's is the conversation it joins (SPEC §8), not only each conversation's latest
+    // (ADR 0007). Filled from the heads; the heads' own look-up indexes are no longer read.
+    sql: `CREATE TABLE chain_ends (
+  tenant text NOT NULL,
+  last_hash text NOT NULL,
+  key_id text NOT NULL,
+  conversation text NOT NULL,
+  time bigint NOT NULL,
+  PRIMARY KEY (tenant, last_hash, key_id)
+);
+INSERT INTO chain_ends (tenant, last_hash, key_id, conversation, time)
+  SELECT DISTINCT ON (tenant, last_hash, COALESCE(key_id, '')) tenant, last_hash, COALESCE(key_id, ''), conversation, time
+  FROM heads WHERE last_hash <> '' ORDER BY tenant, last_hash, COALESCE(key_id, ''), time DESC;
+DROP INDEX IF EXISTS heads_by_tenant;
+DROP INDEX IF EXISTS heads_by_key;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

@@ -170,6 +170,25 @@ ALTER TABLE ledger_rows ADD COLUMN price_date TEXT;`,
     // they were settled. Open rows have no finished_at and are not in it.
     sql: `CREATE INDEX ledger_rows_by_finished ON ledger_rows (finished_at, id) WHERE finished_at IS NOT NULL;`,
   },
+  {
+    version: 9,
+    // Where each request's message list ended, per key: the most recent request whose list leads
+    // a new one's is the conversation it joins (SPEC §8), not only each conversation's latest
+    // (ADR 0007). Filled from the heads; the heads' own look-up index is no longer read.
+    sql: `CREATE TABLE chain_ends (
+  tenant TEXT NOT NULL,
+  last_hash TEXT NOT NULL,
+  key_id TEXT NOT NULL,
+  conversation TEXT NOT NULL,
+  time INTEGER NOT NULL,
+  PRIMARY KEY (tenant, last_hash, key_id)
+) WITHOUT ROWID;
+INSERT INTO chain_ends (tenant, last_hash, key_id, conversation, time)
+  SELECT tenant, last_hash, COALESCE(key_id, ''), conversation, time FROM heads WHERE last_hash <> '' ORDER BY time
+  ON CONFLICT (tenant, last_hash, key_id) DO UPDATE SET conversation = excluded.conversation, time = excluded.time
+  WHERE excluded.time >= chain_ends.time;
+DROP INDEX IF EXISTS heads_by_tenant;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

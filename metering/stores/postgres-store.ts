@@ -221,9 +221,9 @@ export class PostgresLedger implements Ledger {
 
   async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
     if (chain.length === 0) return null;
-    const key = keyId === null ? '' : 'key_id = $3 AND ';
+    const key = keyId === null ? '' : ' AND key_id = $3';
     const { rows } = await this.pool.query<{ conversation: string }>(
-      `SELECT conversation FROM heads WHERE ${key}tenant = $2 AND last_hash = ANY($1::text[]) ORDER BY time DESC LIMIT 1`,
+      `SELECT conversation FROM chain_ends WHERE tenant = $2 AND last_hash = ANY($1::text[])${key} ORDER BY time DESC LIMIT 1`,
       keyId === null ? [chain, tenant] : [chain, tenant, keyId],
     );
     return rows[0]?.conversation ?? null;
@@ -366,6 +366,26 @@ export class PostgresLedger implements Ledger {
   }
 
   async pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }> {
+    if (table === 'chain_ends') {
+      // Walked in primary-key order; the key to go on from is the last one seen, as JSON.
+      const from = after === '' ? ['', '', ''] : (JSON.parse(after) as string[]);
+      const page = (
+        await this.pool.query<{ tenant: string; last_hash: string; key_id: string }>(
+          `SELECT tenant, last_hash, key_id FROM chain_ends WHERE (tenant, last_hash, key_id) > ($1, $2, $3)
+           ORDER BY tenant, last_hash, key_id LIMIT $4`,
+          [...from, limit],
+        )
+      ).rows;
+      if (page.length === 0) return { deleted: 0, next: null };
+      const last = page[page.length - 1]!;
+      const { rowCount } = await this.pool.query(
+        `DELETE FROM chain_ends WHERE (tenant, last_hash, key_id) > ($1, $2, $3) AND (tenant, last_hash, key_id) <= ($4, $5, $6)
+           AND time < $7
+           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = chain_ends.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`,
+        [...from, last.tenant, last.last_hash, last.key_id, untilMs],
+      );
+      return { deleted: rowCount ?? 0, next: page.length < limit ? null : JSON.stringify([last.tenant, last.last_hash, last.key_id]) };
+    }
     const scan =
       table === 'heads'
         ? 'SELECT conversation AS k FROM heads WHERE conversation > $1 ORDER BY conversation LIMIT $2'
@@ -405,16 +425,22 @@ export class PostgresLedger implements Ledger {
 
 /** Records a conversation's head (the previous request's chain, counts and cost). */
 async function upsertHead(db: pg.Pool | pg.PoolClient, h: ConversationHead): Promise<void> {
+  // The head, and where this request's list ended (migration 9), in one statement.
   await db.query(
-    `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
-       last_cost_usd, last_prompt_tokens, last_output_tokens, time, server_id, prefix_digests)
-     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13, $14::jsonb)
-     ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
-       model = excluded.model, tool_hash = excluded.tool_hash, server_id = excluded.server_id,
-       chain = excluded.chain,
-       prefix = excluded.prefix, prefix_digests = excluded.prefix_digests, last_hash = excluded.last_hash,
-       last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
-       last_output_tokens = excluded.last_output_tokens, time = excluded.time`,
+    `WITH head AS (
+       INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
+         last_cost_usd, last_prompt_tokens, last_output_tokens, time, server_id, prefix_digests)
+       VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13, $14::jsonb)
+       ON CONFLICT (conversation) DO UPDATE SET key_id = excluded.key_id, tenant = excluded.tenant,
+         model = excluded.model, tool_hash = excluded.tool_hash, server_id = excluded.server_id,
+         chain = excluded.chain,
+         prefix = excluded.prefix, prefix_digests = excluded.prefix_digests, last_hash = excluded.last_hash,
+         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
+         last_output_tokens = excluded.last_output_tokens, time = excluded.time)
+     INSERT INTO chain_ends AS e (tenant, last_hash, key_id, conversation, time)
+       SELECT $3, $8, COALESCE($2, ''), $1, $12 WHERE $8 <> ''
+     ON CONFLICT (tenant, last_hash, key_id) DO UPDATE SET conversation = excluded.conversation, time = excluded.time
+       WHERE excluded.time >= e.time`,
     [
       h.conversation,
       h.keyId,

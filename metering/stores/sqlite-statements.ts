@@ -73,6 +73,11 @@ export function prepareSqlite(db: Database.Database) {
     headKeysAfter: s('SELECT conversation FROM heads WHERE conversation > ? ORDER BY conversation LIMIT ?').pluck(),
     pruneHeads: s(`DELETE FROM heads WHERE conversation IN (SELECT value FROM json_each(@keys)) AND time < @until
       AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = heads.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`),
+    chainEndKeysAfter: s(`SELECT tenant, last_hash, key_id FROM chain_ends WHERE (tenant, last_hash, key_id) > (@tenant, @last_hash, @key_id)
+      ORDER BY tenant, last_hash, key_id LIMIT @n`).raw(),
+    pruneChainEnds: s(`DELETE FROM chain_ends WHERE (tenant, last_hash, key_id) > (@t0, @h0, @k0) AND (tenant, last_hash, key_id) <= (@t1, @h1, @k1)
+      AND time < @until
+      AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.id = chain_ends.conversation AND (c.cap_usd IS NOT NULL OR c.parent IS NOT NULL))`),
     runKeysAfter: s('SELECT id FROM runs WHERE id > ? ORDER BY id LIMIT ?').pluck(),
     pruneRuns: s(`DELETE FROM runs WHERE id IN (SELECT value FROM json_each(@keys)) AND started_at < @until
       AND id NOT IN (SELECT run FROM ledger_rows WHERE state = 'reserved')
@@ -95,7 +100,6 @@ export function prepareSqlite(db: Database.Database) {
       AND (finished_at, id) > (@t, @id) ORDER BY finished_at, id LIMIT @n`),
 
     getHead: s('SELECT * FROM heads WHERE conversation = ?'),
-    getLastHash: s('SELECT last_hash FROM heads WHERE conversation = ?').pluck(),
     // Everything but the long columns, for a head whose chain, prefix and digests this process has.
     getHeadScalars: s(`SELECT conversation, key_id, tenant, model, tool_hash, server_id, last_hash,
       last_cost_usd, last_prompt_tokens, last_output_tokens, time FROM heads WHERE conversation = ?`),
@@ -109,9 +113,14 @@ export function prepareSqlite(db: Database.Database) {
         prefix = excluded.prefix, prefix_digests = excluded.prefix_digests, last_hash = excluded.last_hash,
         last_cost_usd = excluded.last_cost_usd, last_prompt_tokens = excluded.last_prompt_tokens,
         last_output_tokens = excluded.last_output_tokens, time = excluded.time`),
-    findByKeyChain: s(`SELECT conversation FROM heads WHERE key_id = @key AND tenant = @tenant
-      AND last_hash IN (SELECT value FROM json_each(@hashes)) ORDER BY time DESC LIMIT 1`),
-    findByTenantChain: s(`SELECT conversation FROM heads WHERE tenant = @tenant
+    // Where a request's list ended (migration 9): the most recent request there wins.
+    putChainEnd: s(`INSERT INTO chain_ends (tenant, last_hash, key_id, conversation, time)
+      VALUES (@tenant, @last_hash, @key_id, @conversation, @time)
+      ON CONFLICT (tenant, last_hash, key_id) DO UPDATE SET conversation = excluded.conversation, time = excluded.time
+      WHERE excluded.time >= chain_ends.time`),
+    findByKeyChain: s(`SELECT conversation FROM chain_ends WHERE tenant = @tenant
+      AND last_hash IN (SELECT value FROM json_each(@hashes)) AND key_id = @key ORDER BY time DESC LIMIT 1`),
+    findByTenantChain: s(`SELECT conversation FROM chain_ends WHERE tenant = @tenant
       AND last_hash IN (SELECT value FROM json_each(@hashes)) ORDER BY time DESC LIMIT 1`),
   };
 }

@@ -161,14 +161,14 @@ export class SqliteLedger implements Ledger {
   /** Messages the kept heads hold together (bounded by HEAD_MESSAGES_KEPT). */
   private headMessages = 0;
   /**
-   * Every head's last chain hash, when this connection is the file's only writer (ADR 0017): a
-   * chain none of whose hashes is here ends no head, and its look-up query is skipped. Null when
-   * another connection may write heads this one would not see.
+   * Where every request's message list ended (`chain_ends`), when this connection is the file's
+   * only writer (ADR 0017): a chain none of whose hashes is here leads no earlier request, and its
+   * look-up query is skipped. Null when another connection may write what this one would not see.
    */
   private lastHashes: FingerprintSet | null;
   private readonly fingerprintLimit: number;
-  /** Head moves made inside the open transaction: applied to `lastHashes` once it commits. */
-  private headMoves: Array<{ from: string | undefined; to: string }> = [];
+  /** Chain ends written inside the open transaction: added to `lastHashes` once it commits. */
+  private newChainEnds: string[] = [];
 
   readonly location: string;
   readonly createdNow: boolean;
@@ -211,30 +211,28 @@ export class SqliteLedger implements Ledger {
   }
 
   private loadLastHashes(): FingerprintSet | null {
-    const { n } = this.db.prepare('SELECT count(*) AS n FROM heads').get() as { n: number };
+    const { n } = this.db.prepare('SELECT count(*) AS n FROM chain_ends').get() as { n: number };
     if (n > this.fingerprintLimit) return null;
     const set = new FingerprintSet(n);
-    for (const hash of this.db.prepare('SELECT last_hash FROM heads').pluck().iterate()) set.add(hash as string);
+    for (const hash of this.db.prepare('SELECT last_hash FROM chain_ends').pluck().iterate()) set.add(hash as string);
     return set;
   }
 
-  /** The open transaction committed: its head moves reach the fingerprints. */
+  /** The open transaction committed: its chain ends reach the fingerprints. */
   private committed(): void {
     const set = this.lastHashes;
     if (set !== null) {
-      for (const m of this.headMoves) {
-        if (m.from !== undefined) set.remove(m.from);
-        set.add(m.to);
-      }
+      // A chain end stays (retention's pruning leaves its fingerprint: a look-up then finds nothing).
+      for (const hash of this.newChainEnds) if (!set.has(hash)) set.add(hash);
       // Past the limit the set is let go, and every look-up queries again: memory stays bounded.
       if (set.size > this.fingerprintLimit) this.lastHashes = null;
     }
-    this.headMoves = [];
+    this.newChainEnds = [];
   }
 
   /** The open transaction rolled back: nothing it did happened. */
   private rolledBack(): void {
-    this.headMoves = [];
+    this.newChainEnds = [];
   }
 
   /** Runs `tx` (a transaction), keeping the fingerprints in step with what it commits. */
@@ -490,9 +488,9 @@ export class SqliteLedger implements Ledger {
   private writeHead(h: ConversationHead): void {
     this.rememberHead(h.conversation, h, h.time);
     const lastHash = h.chain.length > 0 ? h.chain[h.chain.length - 1]! : '';
-    if (this.lastHashes !== null) {
-      const from = this.q.getLastHash.get(h.conversation) as string | undefined;
-      this.headMoves.push({ from, to: lastHash });
+    if (lastHash !== '') {
+      this.q.putChainEnd.run({ tenant: h.tenant, last_hash: lastHash, key_id: h.keyId ?? '', conversation: h.conversation, time: h.time });
+      if (this.lastHashes !== null) this.newChainEnds.push(lastHash);
     }
     this.q.putHead.run({
       conversation: h.conversation,
@@ -628,6 +626,16 @@ export class SqliteLedger implements Ledger {
   }
 
   async pruneHistory(table: HistoryTable, untilMs: number, after: string, limit: number): Promise<{ deleted: number; next: string | null }> {
+    if (table === 'chain_ends') {
+      // Walked in primary-key order; the key to go on from is the last one seen, as JSON.
+      const [t0, h0, k0] = after === '' ? ['', '', ''] : (JSON.parse(after) as [string, string, string]);
+      const page = this.q.chainEndKeysAfter.all({ tenant: t0, last_hash: h0, key_id: k0, n: limit }) as [string, string, string][];
+      if (page.length === 0) return { deleted: 0, next: null };
+      const [t1, h1, k1] = page[page.length - 1]!;
+      const deleted = this.q.pruneChainEnds.run({ t0, h0, k0, t1, h1, k1, until: untilMs }).changes;
+      this.checkpointer?.afterCommit();
+      return { deleted, next: page.length < limit ? null : JSON.stringify([t1, h1, k1]) };
+    }
     const keys = (table === 'heads' ? this.q.headKeysAfter : this.q.runKeysAfter).all(after, limit) as string[];
     if (keys.length === 0) return { deleted: 0, next: null };
     const prune = table === 'heads' ? this.q.pruneHeads : this.q.pruneRuns;

@@ -178,6 +178,27 @@ t.test('the conversation a request joins does not depend on the prefix memo: the
   t.same(seen.warm, seen.cold, 'the same charge warm and cold');
 });
 
+// Regression (two outside audits of SPEC §8): only each conversation's latest request was looked
+// at, so a request that went back a turn (a regenerated or edited answer) began a new conversation:
+// a fresh run, no shared prefix, and none of the conversation's cap.
+t.test('a request that goes back a turn joins the conversation whose earlier request leads it', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const send = client(gw.url);
+  const u1 = { role: 'user', content: 'Summarise the history of the Hanseatic League in a few paragraphs, please. '.repeat(4) };
+  const first = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [u1] });
+  const second = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [u1, { role: 'assistant', content: 'It was a trading league.' }, { role: 'user', content: 'Shorter.' }] });
+  t.equal(second.conversation, first.conversation);
+  // Another answer to the first question, and a follow-up: the first request's list leads this one.
+  const branch = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [u1, { role: 'assistant', content: 'Merchants of the Baltic.' }, { role: 'user', content: 'Longer.' }] });
+  t.equal(branch.conversation, first.conversation, 'the same conversation (SPEC §8: the most recent request whose list leads this one)');
+  t.ok(branch.shared > 16, `the first question is shared: ${branch.shared} tokens`);
+  // The branch's follow-up leads the next request in turn: the conversation goes on.
+  const next = await send({ model: 'gpt-4o-mini', max_tokens: 20, messages: [u1, { role: 'assistant', content: 'Merchants of the Baltic.' }, { role: 'user', content: 'Longer.' }, { role: 'assistant', content: 'x' }, { role: 'user', content: 'y' }] });
+  t.equal(next.conversation, first.conversation);
+});
+
 t.test('a structured-output schema is read with the prompt: counted, shared while unchanged, charged again when it changes', async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);

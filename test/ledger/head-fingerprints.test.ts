@@ -55,7 +55,7 @@ t.test('the fingerprint set against a plain count of each string', async (t) => 
   t.same(wrong, [], 'held exactly while added more often than removed (grown and shifted many times)');
 });
 
-t.test('a chain that ends no head asks SQLite nothing; one that does is looked up', async (t) => {
+t.test('a chain that leads no earlier request asks SQLite nothing; one that does is looked up', async (t) => {
   const ledger = new SqliteLedger({ path: ':memory:' });
   t.teardown(() => ledger.close());
   const asked = queries(ledger);
@@ -67,11 +67,12 @@ t.test('a chain that ends no head asks SQLite nothing; one that does is looked u
   // Only the hashes a head may end on are asked about.
   const sent = asked.hashes.at(-1);
   t.same(sent, ['a2'], 'one hash asked for, not the whole chain');
-  // The head moves on: its old last hash no longer ends it, the new one does.
+  // The head moves on: its old last hash still ends a request of it (SPEC §8), the new one too.
   await ledger.putHead(head({ conversation: 'c-a', chain: ['a1', 'a2', 'a3'], time: 2000 }));
-  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2']), null);
-  t.equal(asked.count, 1, 'the old last hash is forgotten with its head');
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'x3']), 'c-a', 'a request that goes back a turn');
+  t.same(asked.hashes.at(-1), ['a2']);
   t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3', 'a4']), 'c-a');
+  t.same(asked.hashes.at(-1), ['a2', 'a3']);
 });
 
 t.test('the owner of a file reads every head back at start', async (t) => {

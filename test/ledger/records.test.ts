@@ -79,10 +79,17 @@ for (const factory of storeFactories(t)) {
     t.equal(await ledger.findConversationByChain(null, 'acme', ['a1', 'a2', 'a3']), 'c-other-key');
     t.equal(await ledger.findConversationByChain('key-1', 'other-tenant', ['a1', 'a2']), null);
     t.equal(await ledger.findConversationByChain('key-1', 'acme', []), null);
-    // 4. A head moves on: after c-new grows, it no longer ends at a2.
+    // 4. A head moves on, and its earlier request still leads: the most recent request ending at a2
+    // is c-new's, though c-new's head is now a1,a2,x3 (SPEC §8: a request, not a head).
     await ledger.putHead(head({ conversation: 'c-new', chain: ['a1', 'a2', 'x3'], time: 4000 }));
-    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-old');
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-new');
     t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'x3', 'x4']), 'c-new');
+    // A later request ending at a2 in another conversation takes the place over.
+    await ledger.putHead(head({ conversation: 'c-old', chain: ['a1', 'a2'], time: 4500 }));
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-old');
+    // An earlier write (a replica whose settlement came late) does not take it back.
+    await ledger.putHead(head({ conversation: 'c-late', chain: ['a1', 'a2'], time: 4200 }));
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['a1', 'a2', 'a3']), 'c-old');
     // 5. The most recent head wins wherever in the chain it ends: a shorter list's head written
     // after a longer one's (SPEC §8).
     await ledger.putHead(head({ conversation: 'c-short', chain: ['a1'], time: 5000 }));
@@ -188,18 +195,18 @@ t.test('sqlite: a new ledger file, and its WAL, are readable by their owner alon
   t.equal(mode(theirs), 0o640);
 });
 
-t.test('sqlite: the head look-ups are answered from one index, and heads carry no other', async (t) => {
+t.test('sqlite: the conversation look-ups are answered from the chain ends\' key, and heads carry no index', async (t) => {
   const db = new Database(':memory:');
   t.teardown(() => db.close());
   migrateSqlite(db);
   const q = prepareSqlite(db);
   const plan = (sql: string, args: Record<string, unknown>) =>
     (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(args) as { detail: string }[]).map((r) => r.detail).join(' | ');
-  t.match(plan(q.findByKeyChain.source, { key: 'k', tenant: 't', hashes: '["a"]' }), /SEARCH heads USING INDEX heads_by_tenant \(tenant=\? AND last_hash=\?\)/);
-  t.match(plan(q.findByTenantChain.source, { tenant: 't', hashes: '["a"]' }), /SEARCH heads USING INDEX heads_by_tenant \(tenant=\? AND last_hash=\?\)/);
+  t.match(plan(q.findByKeyChain.source, { key: 'k', tenant: 't', hashes: '["a"]' }), /SEARCH chain_ends USING PRIMARY KEY \(tenant=\? AND last_hash=\? AND key_id=\?\)/);
+  t.match(plan(q.findByTenantChain.source, { tenant: 't', hashes: '["a"]' }), /SEARCH chain_ends USING PRIMARY KEY \(tenant=\? AND last_hash=\?\)/);
   // Every index is written on every head written: one the look-ups never read is pure cost.
   const indexes = db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'heads' AND sql IS NOT NULL ORDER BY name").pluck().all();
-  t.same(indexes, ['heads_by_tenant']);
+  t.same(indexes, []);
 });
 
 const pgUrl = process.env.TOLLGATE_TEST_PG_URL;
@@ -354,5 +361,25 @@ t.test('sqlite: heads written before servers were recorded upgrade to none recor
 if (pgUrl) {
   t.test('postgres: heads written before servers were recorded upgrade to none recorded', async (t) => {
     await oldHeadReadable(t, await olderPostgres(t, pgUrl, 4, async (admin) => void (await admin.query(OLD_HEAD))));
+  });
+}
+
+// Migration 9 fills the chain ends from the heads: two heads of one key that end at the same hash
+// are one chain end, the more recent head's.
+const TWO_HEADS_ONE_END = `INSERT INTO heads (conversation, key_id, tenant, model, tool_hash, chain, prefix, last_hash,
+    last_cost_usd, last_prompt_tokens, last_output_tokens, time)
+  VALUES ('c-early', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 1000),
+    ('c-late', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 3000),
+    ('c-mid', 'key-1', 'acme', 'gpt-4o', '', '["h1","h2"]', '[0,10,20]', 'h2', NULL, 20, 5, 2000)`;
+
+t.test('sqlite: heads of one key ending at one hash upgrade to one chain end, the most recent', async (t) => {
+  const ledger = await olderSqlite(t, 8, (old) => old.exec(TWO_HEADS_ONE_END));
+  t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-late');
+});
+
+if (pgUrl) {
+  t.test('postgres: heads of one key ending at one hash upgrade to one chain end, the most recent', async (t) => {
+    const ledger = await olderPostgres(t, pgUrl, 8, async (admin) => void (await admin.query(TWO_HEADS_ONE_END)));
+    t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-late');
   });
 }

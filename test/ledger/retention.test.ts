@@ -95,6 +95,14 @@ for (const factory of storeFactories(t)) {
     }
     t.match(await ledger.conversationSpend('capped'), { capUsd: 5 }, 'conversations themselves stay');
     t.equal(await pruneAll(ledger, 'heads', T0 + 5 * DAY), 0, 'nothing more');
+    // Where each request's list ended goes by the same rule: a capped or nested conversation is
+    // still found by a request that continues it, or its cap would no longer hold.
+    t.equal(await pruneAll(ledger, 'chain_ends', T0 + 5 * DAY), 2, 'the chain ends of "old" and "top"');
+    for (const [conversation, kept] of [['old', false], ['top', false], ['recent', true], ['capped', true], ['child', true], ['going', true]] as const) {
+      const found = await ledger.findConversationByChain('key-1', 'acme', [`h-${conversation}`, 'next']);
+      t.equal(found === conversation, kept, `${conversation}: ${kept ? 'still found' : 'no longer found'}`);
+    }
+    t.equal(await pruneAll(ledger, 'chain_ends', T0 + 5 * DAY), 0, 'nothing more');
   });
 }
 
