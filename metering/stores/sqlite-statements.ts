@@ -118,9 +118,9 @@ export function prepareSqlite(db: Database.Database) {
       VALUES (@tenant, @last_hash, @key_id, @conversation, @time)
       ON CONFLICT (tenant, last_hash, key_id) DO UPDATE SET conversation = excluded.conversation, time = excluded.time
       WHERE excluded.time >= chain_ends.time`),
-    findByKeyChain: s(`SELECT conversation FROM chain_ends WHERE tenant = @tenant
+    findByKeyChain: s(`SELECT conversation, time FROM chain_ends WHERE tenant = @tenant
       AND last_hash IN (SELECT value FROM json_each(@hashes)) AND key_id = @key ORDER BY time DESC LIMIT 1`),
-    findByTenantChain: s(`SELECT conversation FROM chain_ends WHERE tenant = @tenant
+    findByTenantChain: s(`SELECT conversation, time FROM chain_ends WHERE tenant = @tenant
       AND last_hash IN (SELECT value FROM json_each(@hashes)) ORDER BY time DESC LIMIT 1`),
   };
 }

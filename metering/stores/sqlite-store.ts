@@ -37,7 +37,7 @@ import { migrateSqlite } from './migrations-sqlite.js';
 import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
 import { WalCheckpointer, type CheckpointerStats, type CheckpointEvent } from './sqlite-checkpointer.js';
 import type { OwnerLock } from './sqlite-owner-lock.js';
-import { FingerprintSet } from './fingerprint-set.js';
+import { FingerprintTimes } from './fingerprint-set.js';
 import { LedgerFileIdentity } from './sqlite-file-identity.js';
 
 export interface SqliteLedgerOptions {
@@ -54,7 +54,7 @@ export interface SqliteLedgerOptions {
   onCheckpointEvent?: (e: CheckpointEvent) => void;
 }
 
-/** ~34 MB of fingerprints at most (two 4-byte arrays of 2^22 slots). */
+/** ~48 MB of fingerprints at most (a 4-byte and an 8-byte array of 2^22 slots). */
 export const HEAD_FINGERPRINT_LIMIT = 2_000_000;
 
 interface ConversationRecord extends MoneyScopeState {
@@ -161,14 +161,15 @@ export class SqliteLedger implements Ledger {
   /** Messages the kept heads hold together (bounded by HEAD_MESSAGES_KEPT). */
   private headMessages = 0;
   /**
-   * Where every request's message list ended (`chain_ends`), when this connection is the file's
-   * only writer (ADR 0017): a chain none of whose hashes is here leads no earlier request, and its
-   * look-up query is skipped. Null when another connection may write what this one would not see.
+   * Where every request's message list ended (`chain_ends`), with the latest time each was written,
+   * when this connection is the file's only writer (ADR 0017, 0024): a chain none of whose hashes
+   * is here leads no earlier request, and its look-up query is skipped; one that does is asked for
+   * its likeliest hash first. Null when another connection may write what this one would not see.
    */
-  private lastHashes: FingerprintSet | null;
+  private lastHashes: FingerprintTimes | null;
   private readonly fingerprintLimit: number;
-  /** Chain ends written inside the open transaction: added to `lastHashes` once it commits. */
-  private newChainEnds: string[] = [];
+  /** Chain ends written inside the open transaction: noted in `lastHashes` once it commits. */
+  private newChainEnds: Array<{ hash: string; time: number }> = [];
 
   readonly location: string;
   readonly createdNow: boolean;
@@ -210,11 +211,11 @@ export class SqliteLedger implements Ledger {
     this.file = memory ? null : new LedgerFileIdentity(this.location);
   }
 
-  private loadLastHashes(): FingerprintSet | null {
+  private loadLastHashes(): FingerprintTimes | null {
     const { n } = this.db.prepare('SELECT count(*) AS n FROM chain_ends').get() as { n: number };
     if (n > this.fingerprintLimit) return null;
-    const set = new FingerprintSet(n);
-    for (const hash of this.db.prepare('SELECT last_hash FROM chain_ends').pluck().iterate()) set.add(hash as string);
+    const set = new FingerprintTimes(n);
+    for (const [hash, time] of this.db.prepare('SELECT last_hash, time FROM chain_ends').raw().iterate() as Iterable<[string, number]>) set.note(hash, time);
     return set;
   }
 
@@ -223,7 +224,7 @@ export class SqliteLedger implements Ledger {
     const set = this.lastHashes;
     if (set !== null) {
       // A chain end stays (retention's pruning leaves its fingerprint: a look-up then finds nothing).
-      for (const hash of this.newChainEnds) if (!set.has(hash)) set.add(hash);
+      for (const end of this.newChainEnds) set.note(end.hash, end.time);
       // Past the limit the set is let go, and every look-up queries again: memory stays bounded.
       if (set.size > this.fingerprintLimit) this.lastHashes = null;
     }
@@ -490,7 +491,7 @@ export class SqliteLedger implements Ledger {
     const lastHash = h.chain.length > 0 ? h.chain[h.chain.length - 1]! : '';
     if (lastHash !== '') {
       this.q.putChainEnd.run({ tenant: h.tenant, last_hash: lastHash, key_id: h.keyId ?? '', conversation: h.conversation, time: h.time });
-      if (this.lastHashes !== null) this.newChainEnds.push(lastHash);
+      if (this.lastHashes !== null) this.newChainEnds.push({ hash: lastHash, time: h.time });
     }
     this.q.putHead.run({
       conversation: h.conversation,
@@ -511,17 +512,33 @@ export class SqliteLedger implements Ledger {
   }
 
   async findConversationByChain(keyId: string | null, tenant: string, chain: string[]): Promise<string | null> {
-    // Only the hashes some head may end on are asked for: a long conversation's chain would be one
-    // index probe per message, where a continuing conversation's usual case is one (and a new
-    // conversation's, none: nothing to ask).
-    const set = this.lastHashes;
-    const hashes = set === null ? chain : chain.filter((hash) => set.has(hash));
-    if (hashes.length === 0) return null;
-    const args = { tenant, hashes: JSON.stringify(hashes) };
-    const hit = (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
-      | { conversation: string }
-      | undefined;
-    return hit?.conversation ?? null;
+    if (chain.length === 0) return null;
+    const ask = (hashes: string[]) => {
+      const args = { tenant, hashes: JSON.stringify(hashes) };
+      return (keyId === null ? this.q.findByTenantChain.get(args) : this.q.findByKeyChain.get({ key: keyId, ...args })) as
+        | { conversation: string; time: number }
+        | undefined;
+    };
+    const times = this.lastHashes;
+    if (times === null) return ask(chain)?.conversation ?? null;
+    // Every earlier turn of a long conversation ended somewhere on its chain: asking for them all is
+    // one index probe per turn. The fingerprints know, for each hash, a time at least the latest
+    // written there, so the hashes are asked for one at a time, latest first, until the most recent
+    // request found is at least as recent as any hash not yet asked could be: as a rule, one query
+    // (and none for a chain no earlier request's list ended on).
+    const candidates: Array<{ hash: string; time: number }> = [];
+    for (const hash of chain) {
+      const time = times.timeOf(hash);
+      if (time !== null) candidates.push({ hash, time });
+    }
+    candidates.sort((a, b) => b.time - a.time);
+    let best: { conversation: string; time: number } | undefined;
+    for (const c of candidates) {
+      if (best !== undefined && best.time >= c.time) break;
+      const hit = ask([c.hash]);
+      if (hit !== undefined && (best === undefined || hit.time > best.time)) best = hit;
+    }
+    return best?.conversation ?? null;
   }
 
   async getRun(run: string): Promise<RunState | null> {
