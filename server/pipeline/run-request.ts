@@ -465,8 +465,9 @@ function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: str
  * A whole answer's output as the gateway counts it. Where it counts on this machine it always does,
  * as it does a stream's: a tiktoken count is exact, and settlement takes it as a floor under the
  * provider's figure (a provider that says 0, or half, for what it wrote is not taken at its word);
- * the byte estimate tells a figure far below the text's bytes. A llama.cpp server's own tokenizer is
- * asked only where its usage cannot be trusted (a prompt array, n > 1). A text that could not be
+ * the byte estimate, no bound, tells only a figure of 0 for text that came (settle.ts). A llama.cpp
+ * server's own tokenizer is asked only where its usage cannot be trusted (a prompt array, n > 1,
+ * choices past n). A text that could not be
  * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
  * allowance, as a stream's is (ADR 0004).
  */
