@@ -37,7 +37,7 @@ import { migrateSqlite } from './migrations-sqlite.js';
 import { prepareSqlite, type SqliteStatements } from './sqlite-statements.js';
 import { WalCheckpointer, type CheckpointerStats, type CheckpointEvent } from './sqlite-checkpointer.js';
 import type { OwnerLock } from './sqlite-owner-lock.js';
-import { FingerprintTimes } from './fingerprint-set.js';
+import { FingerprintTimes } from './fingerprint-times.js';
 import { LedgerFileIdentity } from './sqlite-file-identity.js';
 
 export interface SqliteLedgerOptions {
@@ -48,14 +48,14 @@ export interface SqliteLedgerOptions {
   busyTimeoutMs?: number;
   /** The file's owner lock, held by the gateway serving it; released when the store closes. */
   owner?: OwnerLock | null;
-  /** Conversations past which the store stops keeping head fingerprints (ADR 0017). */
+  /** Chain ends past which the store stops keeping fingerprints (ADR 0017, 0024). */
   fingerprintLimit?: number;
   /** Told when WAL checkpoints start or stop failing (the gateway logs it). */
   onCheckpointEvent?: (e: CheckpointEvent) => void;
 }
 
 /** ~48 MB of fingerprints at most (a 4-byte and an 8-byte array of 2^22 slots). */
-export const HEAD_FINGERPRINT_LIMIT = 2_000_000;
+export const FINGERPRINT_LIMIT = 2_000_000;
 
 interface ConversationRecord extends MoneyScopeState {
   id: string;
@@ -166,9 +166,9 @@ export class SqliteLedger implements Ledger {
    * is here leads no earlier request, and its look-up query is skipped; one that does is asked for
    * its likeliest hash first. Null when another connection may write what this one would not see.
    */
-  private lastHashes: FingerprintTimes | null;
+  private chainEndTimes: FingerprintTimes | null;
   private readonly fingerprintLimit: number;
-  /** Chain ends written inside the open transaction: noted in `lastHashes` once it commits. */
+  /** Chain ends written inside the open transaction: noted in `chainEndTimes` once it commits. */
   private newChainEnds: Array<{ hash: string; time: number }> = [];
 
   readonly location: string;
@@ -204,14 +204,14 @@ export class SqliteLedger implements Ledger {
     const batch = this.db.transaction((ops: Array<() => unknown>) => ops.map((op) => op()));
     this.batchTx = (ops) => this.inTx(() => batch.immediate(ops));
     const memory = opts.path === ':memory:' || opts.path === '';
-    this.fingerprintLimit = opts.fingerprintLimit ?? HEAD_FINGERPRINT_LIMIT;
-    this.lastHashes = this.owner !== null || memory ? this.loadLastHashes() : null;
+    this.fingerprintLimit = opts.fingerprintLimit ?? FINGERPRINT_LIMIT;
+    this.chainEndTimes = this.owner !== null || memory ? this.loadChainEndTimes() : null;
     const synchronous = opts.synchronous === 'FULL' ? 'FULL' : 'NORMAL';
     this.checkpointer = memory ? null : new WalCheckpointer(opts.path, synchronous, (pages) => this.db.pragma(`wal_autocheckpoint = ${pages}`), undefined, undefined, opts.onCheckpointEvent);
     this.file = memory ? null : new LedgerFileIdentity(this.location);
   }
 
-  private loadLastHashes(): FingerprintTimes | null {
+  private loadChainEndTimes(): FingerprintTimes | null {
     const { n } = this.db.prepare('SELECT count(*) AS n FROM chain_ends').get() as { n: number };
     if (n > this.fingerprintLimit) return null;
     const set = new FingerprintTimes(n);
@@ -221,12 +221,12 @@ export class SqliteLedger implements Ledger {
 
   /** The open transaction committed: its chain ends reach the fingerprints. */
   private committed(): void {
-    const set = this.lastHashes;
+    const set = this.chainEndTimes;
     if (set !== null) {
       // A chain end stays (retention's pruning leaves its fingerprint: a look-up then finds nothing).
       for (const end of this.newChainEnds) set.note(end.hash, end.time);
       // Past the limit the set is let go, and every look-up queries again: memory stays bounded.
-      if (set.size > this.fingerprintLimit) this.lastHashes = null;
+      if (set.size > this.fingerprintLimit) this.chainEndTimes = null;
     }
     this.newChainEnds = [];
   }
@@ -491,7 +491,7 @@ export class SqliteLedger implements Ledger {
     const lastHash = h.chain.length > 0 ? h.chain[h.chain.length - 1]! : '';
     if (lastHash !== '') {
       this.q.putChainEnd.run({ tenant: h.tenant, last_hash: lastHash, key_id: h.keyId ?? '', conversation: h.conversation, time: h.time });
-      if (this.lastHashes !== null) this.newChainEnds.push({ hash: lastHash, time: h.time });
+      if (this.chainEndTimes !== null) this.newChainEnds.push({ hash: lastHash, time: h.time });
     }
     this.q.putHead.run({
       conversation: h.conversation,
@@ -519,7 +519,7 @@ export class SqliteLedger implements Ledger {
         | { conversation: string; time: number }
         | undefined;
     };
-    const times = this.lastHashes;
+    const times = this.chainEndTimes;
     if (times === null) return ask(chain)?.conversation ?? null;
     // Every earlier turn of a long conversation ended somewhere on its chain: asking for them all is
     // one index probe per turn. The fingerprints know, for each hash, a time at least the latest

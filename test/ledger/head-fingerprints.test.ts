@@ -5,7 +5,7 @@ import t from 'tap';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { FingerprintTimes } from '../../metering/stores/fingerprint-set.js';
+import { FingerprintTimes } from '../../metering/stores/fingerprint-times.js';
 import { HEAD_MESSAGES_KEPT, SqliteLedger } from '../../metering/stores/sqlite-store.js';
 import { acquireOwnerLock } from '../../metering/stores/sqlite-owner-lock.js';
 import { conversationHead as head, reservation, settlement } from '../helpers/stores.js';
