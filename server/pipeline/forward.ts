@@ -1,6 +1,6 @@
 // Stage 5 — forward (SPEC §2): the allowance made explicit so the upstream can never generate more
 // than was reserved, usage forced on for streams, the client's credentials replaced by the
-// upstream's, and the client's other end-to-end headers passed on (client-headers.ts).
+// upstream's, and only the client's headers that describe it and its call passed on (client-headers.ts).
 // undici failures become typed 502/504 errors that keep their cause (as @fastify/reply-from does).
 
 import type { IncomingHttpHeaders } from 'node:http';
