@@ -185,6 +185,11 @@ export interface ConversationSpend {
   reservedUsd: number;
   turns: number;
   capUsd: number | null;
+  /**
+   * The room a 402 at this conversation's own cap offered (ADR 0006): the dearest blended price
+   * (USD per million input + output tokens) a model may have to get it. Null until such a refusal.
+   */
+  roomCeilingMtok: number | null;
   byModel: Record<string, { turns: number; spentUsd: number }>;
 }
 
@@ -302,6 +307,11 @@ export interface Ledger {
    * other than the owner it already has, nothing is written. Returns the owner afterwards.
    */
   setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<string | null>;
+  /**
+   * Records that a 402 at the conversation's own cap offered room past it to models priced at
+   * `ceilingMtok` or less (the dearest offer stands). Setting the cap again clears it.
+   */
+  offerCapRoom(conversation: string, ceilingMtok: number): Promise<void>;
   tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }>;
   /** True exactly once per tenant and month: the caller sends `budget-near`. */
   claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;

@@ -66,31 +66,32 @@ export function meteredAllowanceUsd(limitUsd: number): number {
 }
 
 /**
- * The room a request gets past its conversation's own cap for being on a cheaper model (the
- * `allowance_usd` a 402 at that cap offered with it): a metered model at a third or less of the
- * price of a model the conversation has already spent money on. 0 for anything else. The room is
- * one for the conversation: every turn on such a model shares it, and the dearer model stays at
- * the cap.
+ * The dearest blended price a metered model may have to be offered at a cap refusing `price`: a
+ * third of it. Null where no metered model can be offered (an unknown price).
+ */
+export function meteredCeilingMtok(price: ModelPrice | null, audioOutput: boolean): number | null {
+  return price ? blendedMtok(price, audioOutput) * METERED_PRICE_RATIO : null;
+}
+
+/**
+ * The room a request gets past its conversation's own cap for being on a cheaper model: the
+ * `allowance_usd` a 402 at that cap offered with it, to models at a third or less of the refused
+ * model's price (`ceilingMtok`, recorded by the refusal). 0 for anything else — and before any
+ * refusal has offered it: a client takes the room by choosing the model a 402 named, never without
+ * being told (SPEC §6). The room is one for the conversation: every turn on such a model shares
+ * it, and the dearer model stays at the cap.
  */
 export function roomPastCapUsd(input: {
-  model: string;
   price: ModelPrice | null;
   capUsd: number | null;
-  /** The models the conversation has spent money on, with what each spent. */
-  spentBy: Record<string, { spentUsd: number }>;
-  lookup: (model: string) => ModelPrice | null;
+  /** The conversation's recorded offer (`ConversationSpend.roomCeilingMtok`). */
+  ceilingMtok: number | null;
   /** The request may be answered in audio: models compare at their audio output rates. */
   audioOutput: boolean;
 }): number {
-  const { model, price, capUsd, audioOutput } = input;
-  if (price === null || capUsd === null) return 0;
-  const own = blendedMtok(price, audioOutput);
-  const dearer = Object.entries(input.spentBy).some(([other, s]) => {
-    if (other === model || !(s.spentUsd > 0)) return false;
-    const p = input.lookup(other);
-    return p !== null && own <= blendedMtok(p, audioOutput) * METERED_PRICE_RATIO + 1e-12;
-  });
-  return dearer ? meteredAllowanceUsd(capUsd) : 0;
+  const { price, capUsd, ceilingMtok, audioOutput } = input;
+  if (price === null || capUsd === null || ceilingMtok === null) return 0;
+  return blendedMtok(price, audioOutput) <= ceilingMtok + 1e-12 ? meteredAllowanceUsd(capUsd) : 0;
 }
 
 export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
@@ -98,7 +99,7 @@ export function cheaperModels(input: CheaperModelsInput): CheaperModel[] {
   // Metered choices spend money, so they are offered only where a little room can be given:
   // at a conversation's own cap. Not at the month (the money is gone) nor at a parent's cap
   // (a child cannot be given room its parent's cap does not have).
-  const meteredCeiling = scope === 'conversation' && price ? blendedMtok(price, audioOutput) * METERED_PRICE_RATIO : null;
+  const meteredCeiling = scope === 'conversation' ? meteredCeilingMtok(price, audioOutput) : null;
 
   const embeddings = input.embeddings === true;
   const eligible = candidates.filter((c) => {

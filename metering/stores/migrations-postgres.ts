@@ -189,6 +189,12 @@ INSERT INTO chain_ends (tenant, last_hash, key_id, conversation, time)
 DROP INDEX IF EXISTS heads_by_tenant;
 DROP INDEX IF EXISTS heads_by_key;`,
   },
+  {
+    version: 10,
+    // The room past a conversation's own cap that a 402 there offered (ADR 0006): see the SQLite
+    // migration of the same number.
+    sql: `ALTER TABLE conversations ADD COLUMN room_ceiling_mtok double precision;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

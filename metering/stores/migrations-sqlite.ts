@@ -189,6 +189,13 @@ INSERT INTO chain_ends (tenant, last_hash, key_id, conversation, time)
   WHERE excluded.time >= chain_ends.time;
 DROP INDEX IF EXISTS heads_by_tenant;`,
   },
+  {
+    version: 10,
+    // The room past a conversation's own cap that a 402 there offered with a metered model at a
+    // third of the refused one's price (ADR 0006): the dearest price such a model may have. Set
+    // only by a refusal that offered it; cleared when an operator sets the cap again.
+    sql: `ALTER TABLE conversations ADD COLUMN room_ceiling_mtok REAL;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

@@ -242,7 +242,7 @@ export class PostgresLedger implements Ledger {
     const { rows } = await this.pool.query<Omit<ConversationSpend, 'byModel' | 'tenant'> & { tenant: string | null }>(
       `SELECT id AS conversation, tenant, parent, spent_usd AS "spentUsd", saved_usd AS "savedUsd",
          plan_turns AS "planTurns", plan_work_usd AS "planWorkUsd", tasks_usd AS "tasksUsd", reserved_usd AS "reservedUsd", turns,
-         cap_usd AS "capUsd"
+         cap_usd AS "capUsd", room_ceiling_mtok AS "roomCeilingMtok"
        FROM conversations WHERE id = $1`,
       [conversation],
     );
@@ -263,7 +263,7 @@ export class PostgresLedger implements Ledger {
     const { rows } = await this.pool.query<{ tenant: string | null }>(
       `WITH up AS (
          INSERT INTO conversations (id, tenant, cap_usd) VALUES ($1, $2, $3)
-         ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
+         ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd, room_ceiling_mtok = NULL,
            tenant = COALESCE(conversations.tenant, excluded.tenant)
          WHERE excluded.tenant IS NULL OR conversations.tenant IS NULL OR conversations.tenant = excluded.tenant
          RETURNING tenant
@@ -272,6 +272,10 @@ export class PostgresLedger implements Ledger {
       [conversation, tenant, capUsd],
     );
     return rows[0]?.tenant ?? null;
+  }
+
+  async offerCapRoom(conversation: string, ceilingMtok: number): Promise<void> {
+    await this.pool.query('UPDATE conversations SET room_ceiling_mtok = GREATEST(COALESCE(room_ceiling_mtok, 0), $2) WHERE id = $1', [conversation, ceilingMtok]);
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

@@ -20,7 +20,8 @@ export function prepareSqlite(db: Database.Database) {
       ON CONFLICT (id) DO UPDATE SET tenant = COALESCE(conversations.tenant, excluded.tenant),
         reserved_usd = reserved_usd + excluded.reserved_usd`),
     getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
-      tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns
+      tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns,
+      room_ceiling_mtok AS roomCeilingMtok
       FROM conversations WHERE id = ?`),
     settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
       spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + @turn,
@@ -35,9 +36,10 @@ export function prepareSqlite(db: Database.Database) {
         spent_usd = spent_usd + excluded.spent_usd`),
     modelSpend: s('SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = ? ORDER BY model'),
     setCap: s(`INSERT INTO conversations (id, tenant, cap_usd) VALUES (@id, @tenant, @cap)
-      ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd,
+      ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd, room_ceiling_mtok = NULL,
         tenant = COALESCE(conversations.tenant, excluded.tenant)
       WHERE excluded.tenant IS NULL OR conversations.tenant IS NULL OR conversations.tenant = excluded.tenant`),
+    offerCapRoom: s(`UPDATE conversations SET room_ceiling_mtok = MAX(COALESCE(room_ceiling_mtok, 0), @ceiling) WHERE id = @id`),
     getOwner: s('SELECT tenant FROM conversations WHERE id = ?'),
 
     // A run starts (its clock and its budget) with its first admitted request.

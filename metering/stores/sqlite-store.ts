@@ -65,6 +65,7 @@ interface ConversationRecord extends MoneyScopeState {
   plan_turns: number;
   plan_work_usd: number;
   turns: number;
+  roomCeilingMtok: number | null;
 }
 
 interface HeadRecord {
@@ -575,6 +576,7 @@ export class SqliteLedger implements Ledger {
       reservedUsd: c.reservedUsd,
       turns: c.turns,
       capUsd: c.capUsd,
+      roomCeilingMtok: c.roomCeilingMtok,
       byModel,
     };
   }
@@ -583,6 +585,10 @@ export class SqliteLedger implements Ledger {
     // One synchronous step: no request of this process can claim the row in between.
     this.q.setCap.run({ id: conversation, tenant, cap: capUsd });
     return (this.q.getOwner.get(conversation) as { tenant: string | null } | undefined)?.tenant ?? null;
+  }
+
+  async offerCapRoom(conversation: string, ceilingMtok: number): Promise<void> {
+    this.q.offerCapRoom.run({ id: conversation, ceiling: ceilingMtok });
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

@@ -7,7 +7,7 @@ import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
-import { cheaperModels, candidatesFromUpstreams, isPattern, type LimitScope } from '../../pricing/cheaper-models.js';
+import { cheaperModels, candidatesFromUpstreams, isPattern, meteredCeilingMtok, type CheaperModel, type LimitScope } from '../../pricing/cheaper-models.js';
 import { isToolRound, ownerError, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { capRoomOf, conversationFamily } from './budgets.js';
@@ -189,7 +189,7 @@ export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<P
     let result = await gw.ledger.admit(reservation);
     if (!result.ok && result.scope === 'conversation') {
       // At its conversation's own cap, a request on a cheaper model has the room its 402 offered.
-      const room = capRoomOf(gw, plan, await gw.ledger.conversationSpend(plan.conversation));
+      const room = capRoomOf(plan, await gw.ledger.conversationSpend(plan.conversation));
       if (room > 0) result = await gw.ledger.admit({ ...reservation, capRoomUsd: room });
     }
     if (result.ok) {
@@ -200,6 +200,24 @@ export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<P
       plan = await planAgain();
       continue;
     }
-    throw await refusalError(gw, plan, result);
+    const refusal = await refusalError(gw, plan, result);
+    if (result.scope === 'conversation') await recordRoomOffer(gw, plan, refusal);
+    throw refusal;
   }
+}
+
+/**
+ * A 402 at the conversation's own cap that offered metered models with room past it (ADR 0006):
+ * the offer is kept with the conversation, so that the client that takes it — sends its next
+ * request on one of them — is admitted within that room. (/v1/admission, which changes nothing,
+ * offers without recording.) A ledger that cannot take it leaves the offer unrecorded: the refusal
+ * stands either way.
+ */
+async function recordRoomOffer(gw: Gateway, plan: Plan, refusal: GatewayError): Promise<void> {
+  const offered = (refusal.details.choices as { cheaper_models?: CheaperModel[] } | undefined)?.cheaper_models ?? [];
+  const ceiling = meteredCeilingMtok(plan.price, plan.audioOutput);
+  if (ceiling === null || !offered.some((m) => m.billing === 'metered')) return;
+  await gw.ledger.offerCapRoom(plan.conversation, ceiling).catch((err: unknown) => {
+    gw.log.warn({ err, id: plan.id }, 'the room a cap refusal offered could not be recorded');
+  });
 }

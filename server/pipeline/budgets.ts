@@ -45,9 +45,9 @@ export async function conversationFamily(gw: Gateway, plan: Plan) {
 }
 
 /** The room past its conversation's own cap a request on a cheaper model has (`roomPastCapUsd`). */
-export function capRoomOf(gw: Gateway, plan: Plan, spend: ConversationSpend | null): number {
+export function capRoomOf(plan: Plan, spend: ConversationSpend | null): number {
   if (plan.upstream.billing !== 'metered' || plan.worstCaseUsd === null || spend === null) return 0;
-  return roomPastCapUsd({ model: plan.model, price: plan.price, capUsd: spend.capUsd, spentBy: spend.byModel, lookup: (m) => gw.prices.lookup(m, { at: new Date(plan.time) }), audioOutput: plan.audioOutput });
+  return roomPastCapUsd({ price: plan.price, capUsd: spend.capUsd, ceilingMtok: spend.roomCeilingMtok, audioOutput: plan.audioOutput });
 }
 
 export async function budgetsOf(gw: Gateway, plan: Plan) {
@@ -87,7 +87,7 @@ export async function budgetsOf(gw: Gateway, plan: Plan) {
     parent: above.reduce<MoneyView | null>((tightest, v) => (tightest === null || v.remaining_usd < tightest.remaining_usd ? v : tightest), null),
     monthly: moneyView(state.monthlyBudgetUsd, month.spentUsd, month.reservedUsd),
   };
-  return { state, view, capRoomUsd: capRoomOf(gw, plan, conv) };
+  return { state, view, capRoomUsd: capRoomOf(plan, conv) };
 }
 
 /**

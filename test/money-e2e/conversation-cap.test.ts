@@ -114,11 +114,58 @@ t.test('the cheaper metered model a 402 offers is admitted with the room it was 
   const largePlan = await admission(gw, ALICE, { ...mini, max_tokens: 95_000, n: 3 }, conv);
   t.same(largePlan.verdict, { admit: false, status: 402, error: large.body });
 
-  // No room where the conversation never spent on a dearer model.
+  // No room where no refusal offered it.
   t.equal((await call(gw.url, 'PUT', '/admin/conversations/fresh/cap', ADMIN, { cap_usd: 0.0001 })).status, 200);
   const fresh = await chat(gw, ALICE, mini, { 'x-tollgate-conversation': 'fresh' });
   t.equal(fresh.status, 402);
   t.notMatch((fresh.body as unknown as ErrorBody).error.message, /room/);
+});
+
+// Regression (nineteenth session): the room was given to any cheaper model once the conversation
+// had spent on a dearer one. A first request refused at the cap had spent nothing, so the model
+// its 402 offered was then refused too; and a conversation that once used the dearer model ran
+// the cheaper one past its cap, by the room, without ever being refused or told.
+t.test('the room past a cap is given by the 402 that offered it, and only then', async (t) => {
+  const keys = [{ key: ALICE, tenant: 'alice', runs: { tokenBudget: null } }];
+  const { gw, metered } = await moneyWorld(t, { metered: { completionTokens: 8 }, keys });
+  const dear = { model: 'gpt-4o', messages: [{ role: 'user', content: 'word '.repeat(200) }], max_tokens: 100 };
+  const mini = { ...dear, model: 'gpt-4o-mini' };
+  const errorOf = (r: { body: unknown }) => (r.body as ErrorBody).error;
+
+  // 1. Refused on its very first request: taking the offer goes, within the room.
+  const first = { 'x-tollgate-conversation': 'first' };
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/first/cap', ADMIN, { cap_usd: 0.0002 })).status, 200);
+  // /v1/admission shows the offer without making it.
+  const asked = await admission(gw, ALICE, dear, first);
+  t.equal(asked.verdict.status, 402);
+  t.equal((await admission(gw, ALICE, mini, first)).verdict.status, 402, 'an offer /v1/admission showed gives no room');
+  const refused = await chat(gw, ALICE, dear, first);
+  t.equal(refused.status, 402);
+  t.equal(errorOf(refused).choices!.cheaper_models.find((m) => m.model === 'gpt-4o-mini')?.allowance_usd, 0.5);
+  t.same((await admission(gw, ALICE, mini, first)).verdict, { admit: true, status: 200, error: null });
+  const before = metered.requests.length;
+  t.equal((await chat(gw, ALICE, mini, first)).status, 200, 'the model the 402 offered goes');
+  t.equal(metered.requests.length, before + 1);
+  t.equal((await chat(gw, ALICE, dear, first)).status, 402, 'the refused model stays at the cap');
+
+  // 2. A conversation that spent on the dearer model is not given room by that alone: the cheaper
+  //    model meets the cap as any model does, and its 402 says no room.
+  const used = { 'x-tollgate-conversation': 'used' };
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/used/cap', ADMIN, { cap_usd: 0.01 })).status, 200);
+  t.equal((await chat(gw, ALICE, { ...dear, max_tokens: 5, messages: [{ role: 'user', content: 'hi' }] }, used)).status, 200);
+  let atCap: Awaited<ReturnType<typeof chat>> | null = null;
+  for (let i = 0; i < 100 && !atCap; i++) {
+    const r = await chat(gw, ALICE, mini, used);
+    if (r.status === 402) atCap = r;
+  }
+  t.ok(atCap, 'the cheaper model is refused at the cap');
+  t.notMatch(errorOf(atCap!).message, /room/);
+  const spent = await call(gw.url, 'GET', '/v1/conversations/used/spend', { authorization: `Bearer ${ALICE}` });
+  t.ok((spent.body.spent_usd as number) <= 0.01, `spent $${spent.body.spent_usd as number}, within the $0.01 cap`);
+
+  // 3. An operator who sets the cap again withdraws an offer made under the old one.
+  t.equal((await call(gw.url, 'PUT', '/admin/conversations/first/cap', ADMIN, { cap_usd: 0.0002 })).status, 200);
+  t.equal((await chat(gw, ALICE, mini, first)).status, 402, 'no room after the cap was set again');
 });
 
 // Regression: a research round sent as the final answer for want of tokens was given the final
