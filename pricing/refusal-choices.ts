@@ -8,7 +8,8 @@ import { raiseTo, raiseToForConversation, raiseToForMonthly } from './raise-to.j
 import { formatUsdText } from './usd-format.js';
 
 export interface RefusalChoices {
-  raise_to_usd: number;
+  /** Null where no limit a client could ask for would admit the request (`model_not_priced`). */
+  raise_to_usd: number | null;
   cheaper_models: CheaperModel[];
   /** Nothing happens by itself: the request stays unanswered until someone chooses. */
   stop: true;
@@ -151,12 +152,16 @@ export function moneyRefusal(input: MoneyRefusalInput): MoneyRefusal {
  * it as $0 would let it spend past every limit unseen, so it is refused unless the operator
  * chose `"unpriced": "allow"` (SPEC §7).
  */
-export function modelNotPriced(model: string): MoneyRefusal {
+export function modelNotPriced(model: string, cheaperModels: CheaperModel[] = []): MoneyRefusal {
+  // A 402 for money like the others (SPEC §6, §11), with its choices: a higher limit admits nothing
+  // here (no limit can hold a cost no one knows), so there is no raise to offer; the models that
+  // spend no money are admitted at any money limit; or stop.
+  const choices: RefusalChoices = { raise_to_usd: null, cheaper_models: cheaperModels, stop: true };
   return {
     status: 402,
     code: 'model_not_priced',
     message: `no price for model "${model}": add it to the price overrides file (prices.overrides) or set prices.unpriced to "allow"`,
     param: 'model',
-    details: { model },
+    details: { model, choices },
   };
 }

@@ -7,7 +7,7 @@ import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Reservation, AdmitRefusal } from '../../metering/ledger.js';
 import { moneyRefusal, modelNotPriced } from '../../pricing/refusal-choices.js';
-import { cheaperModels, candidatesFromUpstreams, isPattern, meteredCeilingMtok, type CheaperModel, type LimitScope } from '../../pricing/cheaper-models.js';
+import { cheaperModels, candidatesFromUpstreams, isPattern, meteredCeilingMtok, type CheaperModel, type LimitScope, type ModelCandidate } from '../../pricing/cheaper-models.js';
 import { isToolRound, ownerError, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { capRoomOf, conversationFamily } from './budgets.js';
@@ -89,13 +89,17 @@ async function servedByPattern(gw: Gateway, u: Upstream): Promise<string[]> {
   return [name];
 }
 
-export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): Promise<GatewayError> {
-  // Names configured exactly, and the one a llama.cpp server configured by pattern reports serving.
+/** The models a money refusal may offer: names configured exactly, and the one a llama.cpp server configured by pattern reports serving. */
+async function candidatesFor(gw: Gateway, plan: Plan): Promise<ModelCandidate[]> {
   const served = await Promise.all(gw.upstreams.list.map((u) => servedByPattern(gw, u)));
-  const candidates = candidatesFromUpstreams(
+  return candidatesFromUpstreams(
     gw.upstreams.list.map((u, i) => ({ name: u.name, models: [...u.config.models, ...served[i]!], billing: u.billing, tools: u.config.tools })),
     (model) => gw.prices.lookup(model, { at: new Date(plan.time) }),
   );
+}
+
+export async function moneyError(gw: Gateway, plan: Plan, r: Extract<AdmitRefusal, { scope: LimitScope }>): Promise<GatewayError> {
+  const candidates = await candidatesFor(gw, plan);
   const refusal = moneyRefusal({
     scope: r.scope,
     spentUsd: r.spentUsd,
@@ -166,7 +170,18 @@ export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | 
     return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan, gw.config.defaults.maxTokens);
   }
   if (await unpricedUnderLimit(gw, plan)) {
-    const r = modelNotPriced(plan.model);
+    // What costs less than a price no one knows: only models that spend no money (local, plan).
+    const cheaper = cheaperModels({
+      model: plan.model,
+      price: null,
+      candidates: await candidatesFor(gw, plan),
+      offersTools: plan.valid.tools !== null,
+      scope: 'monthly',
+      limitUsd: 0,
+      embeddings: plan.valid.kind === 'embeddings',
+      audioOutput: plan.audioOutput,
+    });
+    const r = modelNotPriced(plan.model, cheaper);
     return new GatewayError(r.code, r.message, r.details, r.param);
   }
   return null;

@@ -20,6 +20,22 @@ t.test('refused while a cap or a monthly budget applies, allowed without a limit
   t.equal(err.param, 'model');
   t.match(err.message, /gpt-unpriced-x/);
   t.match(err.message, /prices\.overrides/);
+  // Its choices, as every money refusal has (SPEC §6): no raise admits a cost no one knows; the
+  // models that spend no money are admitted at any limit.
+  t.same(
+    err.choices,
+    {
+      raise_to_usd: null,
+      cheaper_models: [
+        { model: 'llama-local', billing: 'local', upstream: 'box', tools: true },
+        { model: 'plan-model', billing: 'plan', upstream: 'sub', tools: true },
+      ],
+      stop: true,
+    },
+    'a 402 for money carries its choices (regression: none)',
+  );
+  const local = await chat(gw, ALICE, { ...ask, model: err.choices!.cheaper_models[0]!.model }, { 'x-tollgate-conversation': 'capped' });
+  t.equal(local.status, 200, 'the model offered goes');
   // The admission endpoint gives exactly the envelope the real request got.
   const planned = await admission(gw, ALICE, ask, { 'x-tollgate-conversation': 'capped' });
   t.same(planned.verdict, { admit: false, status: 402, error: r.body });

@@ -72,7 +72,7 @@ t.test('model_not_priced names the model and the way out', async (t) => {
   t.equal(r.code, 'model_not_priced');
   t.equal(r.param, 'model');
   t.equal(r.message, 'no price for model "acme-9": add it to the price overrides file (prices.overrides) or set prices.unpriced to "allow"');
-  t.same(r.details, { model: 'acme-9' });
+  t.same(r.details, { model: 'acme-9', choices: { raise_to_usd: null, cheaper_models: [], stop: true } });
 });
 
 t.test('figures that two decimals would make read alike get more decimals, in the whole message', async (t) => {
