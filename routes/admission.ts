@@ -141,7 +141,8 @@ const route: FastifyPluginAsync = async (app) => {
       shared_prefix_tokens: plan.sharedPrefixTokens,
       charge: { prompt: plan.promptCharge, allowance: plan.allowance },
       // The list price used, with where it comes from and its date (SPEC §7), or null when none.
-      cost_usd: { worst_case: plan.worstCaseUsd, price: priceView(plan.price) },
+      // A local or plan turn spends no money: its worst case is $0, as its cost header says, not unknown.
+      cost_usd: { worst_case: plan.upstream.billing === 'metered' ? plan.worstCaseUsd : 0, price: priceView(plan.price) },
       budgets: budgets.view,
       run: plan.runInspection
         ? {

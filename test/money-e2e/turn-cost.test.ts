@@ -120,4 +120,9 @@ t.test('local costs 0; a plan spends no money; an unpriced metered turn has no c
   // 4. The month counts money only: nothing of the three was money.
   const month = await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN);
   t.equal(month.body.spent_usd, 0);
+  // 5. /v1/admission says the same before the turn: the worst a local or plan turn can spend is $0
+  //    (regression: null, "unknown"), and a metered model nobody priced is unknown.
+  t.equal((await admission(gw, ALICE, ask('llama-local'))).cost_usd.worst_case, 0);
+  t.equal((await admission(gw, ALICE, ask('plan-model'))).cost_usd.worst_case, 0);
+  t.equal((await admission(gw, ALICE, ask('gpt-unpriced-x'))).cost_usd.worst_case, null);
 });
