@@ -206,6 +206,8 @@ function checkMessages(v: unknown, partKinds: Set<string>): ChatMessage[] {
         if (!isObject(part) || typeof part.type !== 'string') invalid(`messages[${i}].content[${j}]`, 'must be a content part with a type');
         // A text part is counted: its text must be text.
         if (part.type === 'text' && typeof part.text !== 'string') invalid(`messages[${i}].content[${j}].text`, 'must be a string');
+        // An image is counted from its `detail` (metering/tokenizers/image-tokens.ts): its shape is checked as OpenAI checks it.
+        if (part.type === 'image_url') checkImageUrl(part.image_url, `messages[${i}].content[${j}].image_url`);
         if (part.type !== 'text') partKinds.add(part.type);
       });
     }
@@ -220,6 +222,17 @@ function checkMessages(v: unknown, partKinds: Set<string>): ChatMessage[] {
   return v as ChatMessage[];
 }
 
+function checkImageUrl(v: unknown, path: string): void {
+  if (!isObject(v)) invalid(path, 'must be an object with a url');
+  if (typeof v.url !== 'string') invalid(`${path}.url`, 'must be a string');
+  if (v.detail !== undefined && v.detail !== null && typeof v.detail !== 'string') invalid(`${path}.detail`, 'must be a string');
+}
+
+/** A function's `parameters` (a JSON schema, counted with the tool): an object when given. */
+function checkParameters(fn: Record<string, unknown>, path: string): void {
+  if (fn.parameters !== undefined && fn.parameters !== null && !isObject(fn.parameters)) invalid(`${path}.parameters`, 'must be an object (a JSON schema)');
+}
+
 function checkTools(v: unknown): ToolDefinition[] | null {
   if (v === undefined || v === null) return null;
   if (!Array.isArray(v)) invalid('tools', 'must be an array');
@@ -228,11 +241,40 @@ function checkTools(v: unknown): ToolDefinition[] | null {
     // A function tool needs its name; another kind (`custom`) is the upstream's to judge.
     if (t.type === undefined || t.type === 'function') {
       if (!isObject(t.function) || typeof t.function.name !== 'string') invalid(`tools[${i}].function.name`, 'must be a string');
+      checkParameters(t.function, `tools[${i}].function`);
     } else if (typeof t.type !== 'string') {
       invalid(`tools[${i}].type`, 'must be a string');
     }
   });
   return v.length > 0 ? (v as ToolDefinition[]) : null;
+}
+
+/**
+ * The fields of a chat request besides its messages and tools that planning reads — hashed into the
+ * tool offer, counted with the prompt, or choosing the price — so a value of the wrong type is a 400
+ * naming it, not a guess forwarded and paid for.
+ */
+function checkChatFields(body: Record<string, unknown>): void {
+  const given = (key: string) => body[key] !== undefined && body[key] !== null;
+  if (given('tool_choice') && typeof body.tool_choice !== 'string' && !isObject(body.tool_choice)) invalid('tool_choice', 'must be a string ("none", "auto", "required") or an object');
+  if (given('parallel_tool_calls') && typeof body.parallel_tool_calls !== 'boolean') invalid('parallel_tool_calls', 'must be a boolean');
+  if (given('response_format')) {
+    const rf = body.response_format;
+    if (!isObject(rf) || typeof rf.type !== 'string') invalid('response_format', 'must be an object with a type');
+    if (rf.type === 'json_schema' && !isObject(rf.json_schema)) invalid('response_format.json_schema', 'must be an object');
+  }
+  if (given('prediction')) {
+    const p = body.prediction;
+    if (!isObject(p)) invalid('prediction', 'must be an object');
+    if (typeof p.content !== 'string' && !Array.isArray(p.content)) invalid('prediction.content', 'must be a string or an array of text parts');
+    if (Array.isArray(p.content)) {
+      p.content.forEach((part, j) => {
+        if (!isObject(part) || typeof part.text !== 'string') invalid(`prediction.content[${j}].text`, 'must be a string');
+      });
+    }
+  }
+  if (given('modalities') && !(Array.isArray(body.modalities) && body.modalities.every((m) => typeof m === 'string'))) invalid('modalities', 'must be an array of strings');
+  if (given('audio') && !isObject(body.audio)) invalid('audio', 'must be an object');
 }
 
 /**
@@ -244,6 +286,7 @@ function checkFunctions(v: unknown): ToolDefinition[] | null {
   if (!Array.isArray(v)) invalid('functions', 'must be an array');
   v.forEach((f, i) => {
     if (!isObject(f) || typeof f.name !== 'string') invalid(`functions[${i}].name`, 'must be a string');
+    checkParameters(f, `functions[${i}]`);
   });
   return v.length > 0 ? v.map((f) => ({ type: 'function', function: f }) as ToolDefinition) : null;
 }
@@ -326,10 +369,15 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   switch (kind) {
     case 'chat': {
       const partKinds = new Set<string>();
-      return { ...base, messages: checkMessages(body.messages, partKinds), tools: offered(checkTools(body.tools), checkFunctions(body.functions)), rows: 1, partKinds };
+      const messages = checkMessages(body.messages, partKinds);
+      const tools = offered(checkTools(body.tools), checkFunctions(body.functions));
+      checkChatFields(body);
+      return { ...base, messages, tools, rows: 1, partKinds };
     }
     case 'completions':
       if (body.prompt === undefined) invalid('prompt', 'is required');
+      // Read with every prompt, and counted so.
+      if (body.suffix !== undefined && body.suffix !== null && typeof body.suffix !== 'string') invalid('suffix', 'must be a string');
       return { ...base, messages: null, tools: null, rows: checkRows(body.prompt, 'prompt', true) };
     case 'embeddings':
       if (body.input === undefined) invalid('input', 'is required');

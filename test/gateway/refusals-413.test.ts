@@ -281,6 +281,22 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
     ['a text part whose text is a number', chat({}, [{ role: 'user', content: [{ type: 'text', text: 5 }] }]), 'messages[0].content[0].text'],
     ['max_tokens past 2^31 − 1', chat({ max_tokens: 1e300 }), 'max_tokens'],
     ['n past 128', chat({ n: 129 }), 'n'],
+    // Fields planning reads (regression: a wrong type was hashed, counted or priced as it came, and
+    // forwarded; an image part of `image_url: 5` was reserved as the largest image there is).
+    ['an image part whose image_url is a number', chat({}, [{ role: 'user', content: [{ type: 'image_url', image_url: 5 }] }]), 'messages[0].content[0].image_url'],
+    ['an image part without a url', chat({}, [{ role: 'user', content: [{ type: 'image_url', image_url: { detail: 'low' } }] }]), 'messages[0].content[0].image_url.url'],
+    ['an image detail that is not text', chat({}, [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'https://x/y.png', detail: 1 } }] }]), 'messages[0].content[0].image_url.detail'],
+    ['a tool_choice that is a number', chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 5 }), 'tool_choice'],
+    ['parallel_tool_calls that is text', chat({ parallel_tool_calls: 'yes' }), 'parallel_tool_calls'],
+    ['a response_format that is a number', chat({ response_format: 5 }), 'response_format'],
+    ['a json_schema format without a schema', chat({ response_format: { type: 'json_schema', json_schema: 'x' } }), 'response_format.json_schema'],
+    ['a tool whose parameters are text', chat({ tools: [{ type: 'function', function: { name: 'f', parameters: '{}' } }] }), 'tools[0].function.parameters'],
+    ['a legacy function whose parameters are a list', chat({ functions: [{ name: 'f', parameters: [] }] }), 'functions[0].parameters'],
+    ['a prediction that is text', chat({ prediction: 'abc' }), 'prediction'],
+    ['a prediction without content', chat({ prediction: { type: 'content' } }), 'prediction.content'],
+    ['a prediction part that is no text', chat({ prediction: { type: 'content', content: [{ type: 'text', text: 1 }] } }), 'prediction.content[0].text'],
+    ['modalities that are not a list of names', chat({ modalities: 'audio' }), 'modalities'],
+    ['audio parameters that are text', chat({ audio: 'alloy' }), 'audio'],
   ];
   for (const [what, request, param] of cases) {
     const real = await post('/v1/chat/completions', request);
@@ -293,10 +309,11 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
   t.match((await post('/v1/chat/completions', chat({ max_tokens: 1e300 }))).body.error.message, /must be an integer from 1 to 2147483647/);
   for (const [path, body, param] of [
     ['/v1/completions', { model: 'gpt-4o', prompt: [[]] }, 'prompt[0]'],
+    ['/v1/completions', { model: 'gpt-4o', prompt: 'a', suffix: 5 }, 'suffix'],
     ['/v1/embeddings', { model: 'gpt-4o', input: [[1, 2], []] }, 'input[1]'],
   ] as const) {
     const res = await post(path, body);
-    t.equal(res.status, 400, `${path}: an empty row of token ids is a 400`);
+    t.equal(res.status, 400, `${path}: ${param} is a 400`);
     t.equal(res.body.error.param, param);
   }
 
