@@ -210,6 +210,10 @@ const route: FastifyPluginAsync = async (app) => {
   });
 
   app.delete<{ Params: { id: string } }>('/admin/keys/:id', async (request) => {
+    // A key the listing shows as the config file's is not the API's to revoke: said, not "no key".
+    if (app.gateway.auth.configuredKeys().some((k) => k.id === request.params.id)) {
+      throw new GatewayError('invalid_request', `key "${request.params.id}" comes from the configuration file (auth.keys): revoke it by removing it there and restarting the gateway; nothing was changed`);
+    }
     if (CONTROL.test(request.params.id) || !(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
     app.gateway.auth.keysChanged();
     return { id: request.params.id, deleted: true };

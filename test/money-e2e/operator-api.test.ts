@@ -101,6 +101,11 @@ t.test('the operator lists tenants and keys (ids, never keys), and is told when 
   t.same(all.filter((k) => k.source === 'config').map((k) => [k.id, k.tenant]), [[hash(ALICE), 'alice'], [hash('tg-bob'), 'bob']], "the config's keys, by their ids");
   t.same(all.filter((k) => k.source === 'api').map((k) => [k.id, k.tenant, k.name]).sort(), [[(made.body as { id: string }).id, 'dave', 'ci'], [(again.body as { id: string }).id, 'dave', null]].sort());
   t.notMatch(JSON.stringify(keys.body), /tg-/, 'no key in the list');
+  // A config key listed here is revoked in the config file: the API says so (regression: "no key").
+  const configKey = await call(gw.url, 'DELETE', `/admin/keys/${hash(ALICE)}`, ADMIN);
+  t.equal(configKey.status, 400);
+  t.match(configKey.body, { error: { code: 'invalid_request', message: /comes from the configuration file \(auth\.keys\): revoke it by removing it there/ } });
+  t.equal((await chat(gw, ALICE, ask)).status, 200, 'the config key still works');
   const daves = await call(gw.url, 'GET', '/admin/keys?tenant=dave', ADMIN);
   t.equal((daves.body as { keys: unknown[] }).keys.length, 2);
   t.equal((await call(gw.url, 'GET', '/admin/keys?tenant=nobody', ADMIN)).status, 404);
