@@ -303,8 +303,8 @@ function offered(tools: ToolDefinition[] | null, functions: ToolDefinition[] | n
  */
 function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: boolean): number {
   // A shape error names the field in its message already (as metering/row-plan.ts words it).
-  const shape = (message: string): never => {
-    throw new GatewayError('invalid_request', message, {}, param);
+  const shape = (message: string, at: string = param): never => {
+    throw new GatewayError('invalid_request', message, {}, at);
   };
   if (typeof v === 'string') {
     if (!allowEmptyString && v.length === 0) invalid(`${param}[0]`, 'must not be empty');
@@ -317,7 +317,7 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
   if (list.every(isTokenId)) return 1;
   for (let i = 0; i < list.length; i++) {
     const row = list[i];
-    if (typeof row !== 'string' && !(Array.isArray(row) && row.every(isTokenId))) shape(`${param}[${i}] must be a string or an array of token ids`);
+    if (typeof row !== 'string' && !(Array.isArray(row) && row.every(isTokenId))) shape(`${param}[${i}] must be a string or an array of token ids`, `${param}[${i}]`);
   }
   if (!allowEmptyString) list.forEach((row, i) => row === '' && invalid(`${param}[${i}]`, 'must not be empty'));
   // A row of token ids names at least one token (an empty one is no prompt, and no input).

@@ -310,6 +310,9 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
   for (const [path, body, param] of [
     ['/v1/completions', { model: 'gpt-4o', prompt: [[]] }, 'prompt[0]'],
     ['/v1/completions', { model: 'gpt-4o', prompt: 'a', suffix: 5 }, 'suffix'],
+    // A row of the wrong shape is named as an empty one is (regression: the whole array).
+    ['/v1/completions', { model: 'gpt-4o', prompt: ['a', 5] }, 'prompt[1]'],
+    ['/v1/embeddings', { model: 'gpt-4o', input: [[1.5]] }, 'input[0]'],
     ['/v1/embeddings', { model: 'gpt-4o', input: [[1, 2], []] }, 'input[1]'],
   ] as const) {
     const res = await post(path, body);
