@@ -172,20 +172,30 @@ function checkWindow(plan: PlanFigures, window: number, generates: boolean): Siz
 export const TOKENS_PER_MESSAGE = 3;
 
 /**
+ * Messages and tool parameters below which a request is always counted before it is refused: that
+ * costs a few milliseconds, and the refusal then has its exact figures (SPEC §6) and its place in
+ * the order of checks (a floor can tell only that a row is too large, not which check comes first).
+ */
+export const FLOOR_MIN_UNITS = 4096;
+
+/**
  * A chat request with more messages than its limits can hold at the tokens each message costs
  * whatever it says: refused before it is counted, on that lower bound (counting 200,000 messages
  * one by one held the event loop for seconds). Only for a tiktoken count, whose per-message cost
- * is fixed; `null` when the messages alone cannot decide.
+ * is fixed, and only for so many messages and parameters that counting them would cost something
+ * (FLOOR_MIN_UNITS); `null` when the messages alone cannot decide. Only the row and sum limits are
+ * decided so: they come before the window in SPEC §11's order, and a request within them costs no
+ * more to count than one that is admitted. (A floor past a small window once answered
+ * `context_window_exceeded` where counting found the row too large, the check that comes first.)
  */
 export function messageFloorRefusal(
   messages: number,
   method: CountMethod,
   limits: Partial<SizeLimits> = {},
-  contextWindow: number | null = null,
   /** The tools' parameters and enum values, less one an enum (`toolParametersAtLeast`): each costs TOKENS_PER_MESSAGE too. */
   toolParameters = 0,
 ): SizeRefusal | null {
-  if (!method.startsWith('tiktoken:')) return null;
+  if (!method.startsWith('tiktoken:') || messages + toolParameters <= FLOOR_MIN_UNITS) return null;
   const { maxRowTokens, maxRequestTokens } = { ...DEFAULT_SIZE_LIMITS, ...limits };
   // The reply's priming (3 tokens) is in every count too.
   const floor = messages * TOKENS_PER_MESSAGE + TOKENS_PER_MESSAGE + toolParameters * TOKENS_PER_MESSAGE;
@@ -204,13 +214,6 @@ export function messageFloorRefusal(
       code: 'request_tokens_exceeded',
       message: `too many tokens: the rows add up to at least ${floor} tokens, the limit is ${maxRequestTokens} (${why})`,
       details: { rows: 1, sum_tokens: floor, limit: maxRequestTokens, count_method: label },
-    };
-  }
-  if (contextWindow !== null && floor >= contextWindow) {
-    return {
-      code: 'context_window_exceeded',
-      message: `request too large: the prompt needs at least ${floor} tokens, more than the model's context window of ${contextWindow} tokens (${why})`,
-      details: { row_index: 0, prompt_tokens: floor, allowance: 0, context_window: contextWindow, count_method: label },
     };
   }
   return null;

@@ -375,7 +375,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   let toolsPastFloor = false;
   if (messages) {
     const method = gw.counters.forModel(upstream, valid.model).method;
-    const floorWith = (toolParameters: number) => messageFloorRefusal(messages.length, method, gw.config.limits, contextWindow, toolParameters);
+    const floorWith = (toolParameters: number) => messageFloorRefusal(messages.length, method, gw.config.limits, toolParameters);
     const toolParameters = toolParametersAtLeast(valid.tools);
     let floor = floorWith(toolParameters);
     if (floor && toolParameters > 0 && answersInstead(valid, gw.config.runs.writeTools)) {

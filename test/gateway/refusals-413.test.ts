@@ -418,6 +418,22 @@ t.test('more messages than the limits can hold at 3 tokens each: refused on that
   t.equal(upstream.requests.length, 1, 'only the request that fits reached the model');
 });
 
+// Regression (nineteenth session): the message floor refused requests of a few dozen messages — with
+// a lower bound where the exact figure was cheap to have, and with `context_window_exceeded` where
+// counting found the row too large, the check SPEC §11 puts first.
+t.test('a request of ordinary length is counted before it is refused: exact figures, in the order of the checks', async (t) => {
+  const { both } = await setup(t, { maxRowTokens: 100 }, { contextWindow: 64 });
+  // 21 messages put the floor (66) past the window; the count finds the row past its limit first.
+  const long = [{ role: 'user', content: ' word'.repeat(200) }, ...Array.from({ length: 20 }, () => ({ role: 'user', content: 'hello' }))];
+  const first = await both('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: long });
+  t.equal(first.body.error.code, 'row_too_large');
+  t.equal(first.body.error.count_method, 'tiktoken:o200k_base');
+  // 40 short messages: their exact count, not "at least" 123.
+  const many = await both('/v1/chat/completions', { model: 'gpt-4o', max_tokens: 1, messages: Array.from({ length: 40 }, () => ({ role: 'user', content: 'hello' })) });
+  t.equal(many.body.error.message, 'too many tokens: one row has 203 tokens, the limit is 100 per row');
+  t.equal(many.body.error.row_tokens, 203);
+});
+
 t.test('far too many rows (past 4 × the limit) are refused on their number alone: no row is counted first', async (t) => {
   // A llama.cpp upstream counts each row with its /tokenize: a request refused for its rows must
   // not have sent any (six million inputs were counted, one by one, before the 413).
