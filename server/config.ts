@@ -233,7 +233,8 @@ function defaultUpstreams(env: NodeJS.ProcessEnv): unknown[] {
 }
 
 export function parseConfig(raw: unknown, env: NodeJS.ProcessEnv = process.env): Config {
-  const root = new Reader(raw ?? {}, '');
+  // Only no file at all is the zero-config default: a file that says `null` is a bad file.
+  const root = new Reader(raw === undefined ? {} : raw, '');
   root.allowOnly(['store', 'upstreams', 'limits', 'defaults', 'runs', 'auth', 'tenants', 'prices', 'metrics', 'logging', 'tokenCache']);
   const names = new Set<string>();
   const upstreamsRaw = root.has('upstreams') ? undefined : defaultUpstreams(env);

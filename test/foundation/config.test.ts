@@ -28,6 +28,9 @@ t.test('errors name the bad field', async (t) => {
   );
   t.match(configError({ upstreams: [upstream({ baseUrl: 'not a url' })] }), /^upstreams\[0\]\.baseUrl: must be a URL/);
   t.match(configError({ upstream: [] }), /^upstream: unknown field/, 'a misspelt top-level field is not ignored');
+  // A file that holds JSON null is no configuration (regression: the zero-config default was served).
+  t.equal(configError(null), '(config): must be an object');
+  t.equal(configError([]), '(config): must be an object');
   t.match(configError({ limits: { maxRows: 0 } }), /^limits\.maxRows: must be an integer from 1 to/);
   t.match(configError({ limits: { maxRows: '1024' } }), /^limits\.maxRows: must be an integer/);
   t.match(configError({ runs: { maxToolRounds: 65 } }), /^runs\.maxToolRounds: must be an integer from 1 to 64/);
