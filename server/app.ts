@@ -78,6 +78,8 @@ export interface AppOptions {
   openWithoutKeys?: boolean;
   /** How long a client may take to send a whole request (default REQUEST_TIMEOUT_MS; tests shorten it). */
   requestTimeoutMs?: number;
+  /** How long a llama.cpp server's /props may take (default PROPS_TIMEOUT_MS; tests shorten it). */
+  propsTimeoutMs?: number;
 }
 
 declare module 'fastify' {
@@ -259,7 +261,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     upstreams,
     auth: new Authenticator(config, guarded, { openWithoutKeys: opts.openWithoutKeys ?? true }),
     // Intervals inside this process (a refresh, a warning's minute) are on a monotonic clock, not `clock`.
-    counters: gatewayCounters(config),
+    counters: gatewayCounters(config, undefined, opts.propsTimeoutMs),
     prices,
     warnings: new NowAndThen(),
     prefixMemo: new PrefixMemo(config.tokenCache.prefixMemoBytes),

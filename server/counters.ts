@@ -11,6 +11,15 @@ import { createCounters, encodingForModel, fetchServerProps, MODEL_PREFIXES, typ
 import type { TokenCache } from '../metering/token-cache.js';
 
 const WINDOW_REFRESH_MS = 60_000;
+/**
+ * How long a llama.cpp server's /props may take (it is a few settings, answered at once even while
+ * the server generates): past it the window is unknown for now. Without a bound of its own it
+ * waited on the upstream's `timeoutMs` (10 minutes by default) — `/v1/models`, every request's
+ * plan and a stopping gateway's drain with it.
+ */
+export const PROPS_TIMEOUT_MS = 5_000;
+/** After /props failed, how long the last known answer (or none) stands before it is asked again. */
+const PROPS_RETRY_MS = 10_000;
 
 export interface Counters {
   forModel(upstream: Upstream, model: string): TokenCounter;
@@ -27,22 +36,36 @@ export interface Counters {
  * @param now a monotonic clock (ms) for the refresh: the wall clock stepped back would keep a
  *   server's window, learnt before a restart with another -c, for as long as the step.
  */
-export function gatewayCounters(config: Config, now: () => number = () => performance.now()): Counters {
+export function gatewayCounters(config: Config, now: () => number = () => performance.now(), propsTimeoutMs = PROPS_TIMEOUT_MS): Counters {
   const inner = createCounters({ cacheBytes: config.tokenCache.maxBytes, workers: config.tokenCache.workers });
-  const learnt = new Map<string, { props: ServerProps; at: number }>();
+  const learnt = new Map<string, { props: ServerProps | null; at: number; failed: boolean }>();
+  // One question at a time per server: requests planned while it is asked wait for that answer.
+  const asking = new Map<string, Promise<ServerProps | null>>();
   /** A llama.cpp server's /props, refreshed now and then; the last known (or nothing) if it is down. */
-  const propsOf = async (upstream: Upstream): Promise<ServerProps | null> => {
+  const propsOf = (upstream: Upstream): Promise<ServerProps | null> => {
     const at = now();
     const known = learnt.get(upstream.name);
-    if (known && at - known.at < WINDOW_REFRESH_MS) return known.props;
-    try {
-      const props = await fetchServerProps(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined });
-      learnt.set(upstream.name, { props, at });
-      return props;
-    } catch {
-      // Unknown is null, never a guess; the server's own 400 still guards its window.
-      return known?.props ?? null;
+    if (known && at - known.at < (known.failed ? PROPS_RETRY_MS : WINDOW_REFRESH_MS)) return Promise.resolve(known.props);
+    let answer = asking.get(upstream.name);
+    if (answer === undefined) {
+      const signal = AbortSignal.timeout(propsTimeoutMs);
+      answer = fetchServerProps(upstream.dispatcher, upstream.config.baseUrl, { refresh: true, apiKey: upstream.apiKey ?? undefined, signal })
+        .then(
+          (props) => {
+            learnt.set(upstream.name, { props, at, failed: false });
+            return props;
+          },
+          () => {
+            // Unknown is null, never a guess; the server's own 400 still guards its window.
+            const props = known?.props ?? null;
+            learnt.set(upstream.name, { props, at: now(), failed: true });
+            return props;
+          },
+        )
+        .finally(() => asking.delete(upstream.name));
+      asking.set(upstream.name, answer);
     }
+    return answer;
   };
   const ref = (u: Upstream) => ({ kind: u.config.kind, baseUrl: u.config.baseUrl, dispatcher: u.dispatcher, apiKey: u.apiKey ?? undefined });
   return {

@@ -3,7 +3,8 @@
 
 import t from 'tap';
 import OpenAI from 'openai';
-import { connect } from 'node:net';
+import { connect, type AddressInfo } from 'node:net';
+import { createServer } from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -50,6 +51,38 @@ t.test('GET /v1/models is the union of the upstreams, with upstream, billing and
   );
   t.ok(missing instanceof OpenAI.NotFoundError);
   t.equal((missing as InstanceType<typeof OpenAI.NotFoundError>).code, 'model_not_found');
+});
+
+// Regression (nineteenth session): /props had no bound but the upstream's timeoutMs (10 minutes by
+// default), asked again by every caller: one stalled llama.cpp server held /v1/models, every
+// request's plan, and a stopping gateway's drain.
+t.test('a llama.cpp server that never answers /props: the window is unknown after a short wait, asked once', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const asked: string[] = [];
+  const stalled = createServer((req) => asked.push(`${req.method} ${req.url}`)); // accepts, never answers
+  await new Promise<void>((resolve) => stalled.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => {
+    stalled.closeAllConnections();
+    stalled.close();
+  });
+  const port = (stalled.address() as AddressInfo).port;
+  const gw = await startGateway(
+    t,
+    { upstreams: [openaiUpstream(openai.url, { models: ['gpt-4o'], contextWindow: 128000 }), llamaUpstream(`http://127.0.0.1:${port}`, { models: ['qwen-local'] })] },
+    { propsTimeoutMs: 300 },
+  );
+  const list = async () => {
+    // Liveness, not speed: without the bound this waits for minutes.
+    const res = await fetch(`${gw.url}/v1/models`, { signal: AbortSignal.timeout(20_000) });
+    t.equal(res.status, 200);
+    return ((await res.json()) as { data: ModelEntry[] }).data;
+  };
+  const first = await list();
+  t.match(first.find((m) => m.id === 'qwen-local'), { upstream: 'local', context_window: null }, 'unknown, not waited for');
+  t.match(first.find((m) => m.id === 'gpt-4o'), { context_window: 128000 });
+  await list();
+  t.same(asked, ['GET /props'], 'a failed /props is not asked again at once');
 });
 
 t.test('GET /v1/models/{model}: a name a pattern takes is served', async (t) => {

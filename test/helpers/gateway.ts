@@ -31,7 +31,7 @@ interface Teardown {
 export async function startGateway(
   t: Teardown,
   raw: Record<string, unknown>,
-  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number; requestTimeoutMs?: number; logStream?: NodeJS.WritableStream } = {},
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number; requestTimeoutMs?: number; propsTimeoutMs?: number; logStream?: NodeJS.WritableStream } = {},
 ): Promise<TestGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const dbPath = join(dir, 'ledger.db');
@@ -54,6 +54,7 @@ export async function startGateway(
     openWithoutKeys: opts.openWithoutKeys,
     settleRetryMs: opts.settleRetryMs,
     requestTimeoutMs: opts.requestTimeoutMs,
+    propsTimeoutMs: opts.propsTimeoutMs,
     // Silent unless the test reads the log (`logStream`: every line at info and above).
     logger: opts.logStream ? { level: 'info', stream: opts.logStream } : undefined,
   });
