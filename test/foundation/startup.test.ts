@@ -3,11 +3,12 @@
 // (What start-up refuses, with a message naming the problem and a non-zero exit: startup-refusals.)
 
 import t from 'tap';
-import { readdirSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { createServer } from 'node:net';
 import { freePort } from '../helpers/process.js';
-import { start, minimalConfig, startConfigured, waitHealthy, tempDir, exitedOrListening } from '../helpers/start-process.js';
+import { start, minimalConfig, startConfigured, waitHealthy, tempDir, exitedOrListening, root } from '../helpers/start-process.js';
 
 t.test('no config: listens on TOLLGATE_PORT at 127.0.0.1 and /healthz answers', async (t) => {
   const dir = tempDir(t);
@@ -160,4 +161,38 @@ t.test('TOLLGATE_PORT=0 listens on a free port, and the start line says which (i
   const port = (JSON.parse(line) as { port: number }).port;
   t.ok(port > 0, `port ${port}`);
   t.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+});
+
+// Regression (nineteenth session): `npm start` ran the gateway under `sh -c`, which does not pass
+// SIGTERM on: npm stopped, and the gateway went on serving, orphaned. The start script, as written
+// in package.json, is run by npm here with the gateway swapped for a program that says it was
+// stopped.
+t.test('npm start passes SIGTERM on to the gateway (the script execs it)', async (t) => {
+  const dir = tempDir(t);
+  const script = (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { scripts: { start: string } }).scripts.start;
+  t.match(script, /dist\/server\/main\.js/);
+  writeFileSync(
+    join(dir, 'main.mjs'),
+    "import { writeFileSync } from 'node:fs'; writeFileSync('pid', String(process.pid)); process.on('SIGTERM', () => { console.log('stopped by SIGTERM'); process.exit(0); }); console.log('started'); setInterval(() => {}, 1000);\n",
+  );
+  writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'start-probe', version: '1.0.0', scripts: { start: script.replace('dist/server/main.js', 'main.mjs') } }));
+  const npm = spawn('npm', ['start', '--silent'], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  npm.stdout.on('data', (d: Buffer) => (out += d.toString('utf8')));
+  const exited = new Promise<number | null>((resolve) => npm.on('exit', (code) => resolve(code)));
+  t.teardown(() => {
+    npm.kill('SIGKILL');
+    // The program itself, had it been left running (the fault this test is about).
+    try {
+      process.kill(Number(readFileSync(join(dir, 'pid'), 'utf8')), 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  });
+  while (!out.includes('started')) await new Promise((r) => setTimeout(r, 50));
+  npm.kill('SIGTERM');
+  await exited;
+  // The program's own line comes before npm has gone; give the pipe a moment.
+  for (let i = 0; i < 40 && !out.includes('stopped by SIGTERM'); i++) await new Promise((r) => setTimeout(r, 50));
+  t.match(out, 'stopped by SIGTERM', 'the gateway was told to stop, not left running');
 });
