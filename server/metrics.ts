@@ -22,8 +22,14 @@ export function initMetrics(registry: Registry = new Registry(), opts: { default
     }),
     promptTokens: new Counter({
       name: 'tollgate_prompt_tokens_total',
-      help: 'Prompt tokens of admitted requests sent to a model: new (charged at admission) or shared (credited as the previous request\'s prefix, less the 16 kept charged), which add up to the prompt; refunded (the new tokens of a request refunded whole: its upstream failed before any output)',
+      help: 'Prompt tokens of admitted requests sent to a model: new (charged at admission) or shared (credited as the previous request\'s prefix, less the 16 kept charged), which add up to the prompt',
       labelNames: ['kind'] as const,
+      registers,
+    }),
+    // Apart from tollgate_prompt_tokens_total, whose kinds are SPEC §10's two and add up to the prompt.
+    promptTokensRefunded: new Counter({
+      name: 'tollgate_prompt_tokens_refunded_total',
+      help: 'New prompt tokens given back: those of requests refunded whole, their upstream having failed before any output',
       registers,
     }),
     outputTokens: new Counter({

@@ -223,7 +223,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   m.outputTokens.inc({ kind: 'generated' }, tokens.generated);
   m.outputTokens.inc({ kind: 'refunded' }, plan.allowance - tokens.generated);
   // A whole refund gives back the prompt's charge too.
-  if (o.refundAll && !plan.excerptOnly) m.promptTokens.inc({ kind: 'refunded' }, plan.promptCharge);
+  if (o.refundAll && !plan.excerptOnly) m.promptTokensRefunded.inc(plan.promptCharge);
   if (cost.costUsd) m.costUsd.inc(cost.costUsd);
   if (cost.savedUsd) m.savedUsd.inc(cost.savedUsd);
   // What the upstream says it evaluated: llama.cpp's prompt_n, or its prompt less what it read from
