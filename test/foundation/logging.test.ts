@@ -87,6 +87,10 @@ t.test("exactly one 'request settled' line per request, with the figures", async
   });
   t.equal(first.charge_tokens, Number(response.headers.get('x-tollgate-charge-tokens')), 'the charge the client was told');
   t.equal(first.reserved_tokens, Number(response.headers.get('x-tollgate-reserved-tokens')));
+  // What was generated and refunded, as the client was told (regression: not on the line).
+  t.equal(first.refund_tokens, Number(response.headers.get('x-tollgate-refund-tokens')));
+  t.ok(typeof first.generated_tokens === 'number' && first.generated_tokens > 0 && first.generated_tokens <= (first.charge_tokens as number), `generated_tokens ${String(first.generated_tokens)}`);
+  t.equal((first.charge_tokens as number) + (first.refund_tokens as number), first.reserved_tokens);
   t.ok((first.overhead_ms as number) >= 0);
   t.not(first.id, second.id, 'each request its own id');
   t.match(second, { status: 200, model: 'gpt-4o', tenant: 'acme' });
