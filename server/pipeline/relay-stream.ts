@@ -13,7 +13,7 @@ import { OutputMeter, answerText, carriesAudio, deltaText, writtenText } from '.
 import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-excerpt.js';
-import { badUpstreamStream } from './forward.js';
+import { badUpstreamStream, upstreamError } from './forward.js';
 import { errorEnvelopeOf, streamErrorIn } from './upstream-error-body.js';
 import type { Plan } from './plan.js';
 import { holdsKey, redactDeep, redactText } from './upstream-key.js';
@@ -360,6 +360,9 @@ export async function relayStream(
     // lost the upstream.
     if (err instanceof SseEventTooLarge) out.upstreamError = badUpstreamStream(plan.upstream.name, `sent a broken stream: ${err.message}`);
     else if (res.destroyed) out.clientGone = true;
+    // Nothing more came for the upstream's `timeoutMs`: it did not answer in time, as a silence
+    // before its headers is (504 upstream_timeout), not a connection lost.
+    else if ((err as { code?: unknown }).code === 'UND_ERR_BODY_TIMEOUT') out.upstreamError = upstreamError(err, plan.upstream.name).toEnvelope().error;
     // Every choice had finished: a connection lost before `[DONE]` took nothing from the answer
     // (unless the server names a finish in every chunk: then none says so).
     else if (finished.size < choicesExpected || out.cut || finishEveryChunk) out.upstreamLost = true;

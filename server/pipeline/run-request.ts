@@ -15,7 +15,7 @@ import { validateRequest, type EndpointKind } from './endpoints.js';
 import { planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
-import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamErrorIsFinal } from './forward.js';
+import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter, type OutputCounting } from './output-meter.js';
@@ -342,6 +342,8 @@ async function relayAdmitted(
     } catch (err) {
       if (abort.signal.aborted) throw err;
       if (err instanceof GatewayError && err.code === 'upstream_bad_response') return badResponse(err);
+      // Its answer stopped coming for the upstream's `timeoutMs`: it did not answer in time (504).
+      if ((err as { code?: unknown }).code === 'UND_ERR_BODY_TIMEOUT') return badResponse(upstreamError(err, plan.upstream.name));
       // The upstream's connection broke while its answer was read: nothing usable came.
       return badResponse(badUpstreamResponse(plan.upstream.name, `broke off its answer: ${(err as Error).message}`, err));
     }
@@ -403,7 +405,7 @@ async function relayAdmitted(
   const answered = fallback || streamed.excerptAppended;
   outcome = {
     // The ledger and the log say how it ended, though the client's status line said 200.
-    status: streamed.clientGone ? 499 : upstreamFailed && !answered ? (draining() ? 503 : 502) : 200,
+    status: streamed.clientGone ? 499 : upstreamFailed && !answered ? (draining() ? 503 : streamed.upstreamError?.code === 'upstream_timeout' ? 504 : 502) : 200,
     countedOutput: meter.total(),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.

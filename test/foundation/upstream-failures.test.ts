@@ -4,6 +4,8 @@
 
 import t, { type Test } from 'tap';
 import OpenAI from 'openai';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { startOpenAiDouble } from '../doubles/openai.js';
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { startGateway, openaiUpstream, llamaUpstream, type TestGateway } from '../helpers/gateway.js';
@@ -236,4 +238,34 @@ t.test('a stream request answered 200 with an error object (no event stream) →
   t.equal((err as InstanceType<typeof OpenAI.APIError>).status, 502);
   t.match((err as InstanceType<typeof OpenAI.APIError>).message, /answered 200 with an error: No endpoints found for this model/);
   await wholeRefund(t, gw, 502);
+});
+
+// Regression (nineteenth session): an upstream that sent its response head and then nothing for its
+// `timeoutMs` was said to have broken off its answer (502) or been lost part way (`upstream_lost`):
+// it did not answer in time, as one silent before its head is (504 upstream_timeout).
+t.test('an upstream silent after its response head: upstream_timeout, whole reservation refunded', async (t) => {
+  for (const stream of [false, true]) {
+    const silent = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': stream ? 'text/event-stream' : 'application/json' });
+        res.flushHeaders();
+        if (!stream) res.write('{"id":"x","object":"chat.completion","choices":[');
+      });
+    });
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const gw = await startGateway(t, { upstreams: [openaiUpstream(`http://127.0.0.1:${(silent.address() as AddressInfo).port}`, { timeoutMs: 300 })] });
+    const res = await post(gw, { ...chat, stream });
+    if (stream) {
+      const text = await res.text();
+      const error = JSON.parse(/^data: (\{"error".*)$/m.exec(text)![1]!) as { error: Json };
+      t.match(error.error, { code: 'upstream_timeout', type: 'upstream_error', message: /did not answer in time/ }, 'the stream says the upstream timed out');
+    } else {
+      t.equal(res.status, 504);
+      t.match(((await res.json()) as { error: Json }).error, { code: 'upstream_timeout' });
+    }
+    await wholeRefund(t, gw, 504);
+    silent.closeAllConnections();
+    silent.close();
+  }
 });
