@@ -141,6 +141,11 @@ export interface TokenCounter {
   /** Output text as generated (used to meter streamed output when the provider gives no usage). */
   countOutput(text: string): number;
   /**
+   * Text the model wrote, counted exactly where that takes a call (llama.cpp's /tokenize, with no
+   * start-of-text token added: the model wrote none). Without it, `countText` counts output as well.
+   */
+  countGenerated?(text: string, signal?: AbortSignal): Promise<TextCount>;
+  /**
    * The longest start of `text` (whole characters) that is at most `tokens` tokens, for a streamed
    * piece that crosses the allowance; '' when it cannot be told cheaply.
    */

@@ -154,10 +154,22 @@ export class LlamaCppCounter implements TokenCounter {
   }
 
   async countText(text: string, signal?: AbortSignal): Promise<TextCount> {
-    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:text`, text);
+    return this.tokenized(text, true, signal);
+  }
+
+  /**
+   * What the model wrote: the server's own tokenizer with no special tokens added (a prompt row
+   * gets the start-of-text token the server adds to a prompt; generated text has none).
+   */
+  async countGenerated(text: string, signal?: AbortSignal): Promise<TextCount> {
+    return this.tokenized(text, false, signal);
+  }
+
+  private async tokenized(text: string, addSpecial: boolean, signal?: AbortSignal): Promise<TextCount> {
+    const key = cacheKey(`llamacpp:${this.opts.baseUrl}:${addSpecial ? 'text' : 'generated'}`, text);
     const hit = this.cache.get(key);
     if (hit !== undefined) return { tokens: hit.tokens, method: this.method, upperBound: false };
-    const tok = await this.call<TokenizeResponse>('/tokenize', { content: text, add_special: true }, signal);
+    const tok = await this.call<TokenizeResponse>('/tokenize', { content: text, add_special: addSpecial }, signal);
     if (!Array.isArray(tok.tokens)) throw new LlamaCppCountError('llama.cpp /tokenize returned no tokens');
     this.cache.set(key, { tokens: tok.tokens.length, upperBound: false });
     return { tokens: tok.tokens.length, method: this.method, upperBound: false };

@@ -49,6 +49,13 @@ interface ChoiceMeter {
   cut: boolean;
   /** Of the prompt a completions request with `echo` has echoed back, what is still to come. */
   echo: string;
+  /**
+   * Chunk counting: the tool calls the choice wrote, and the chunks that carried them. A server's
+   * tool-call parser sends a call in pieces of several tokens each (and holds back its markup), so
+   * they are counted as text once the stream ends (`countCalls`) in place of a token a chunk.
+   */
+  calls: string;
+  callChunks: number;
 }
 
 /** How many of `text`'s first characters repeat `echo`: where a completion's echoed prompt ends in it. */
@@ -86,7 +93,7 @@ export class OutputMeter {
 
   private choice(index: number): ChoiceMeter {
     let c = this.choices.get(index);
-    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false, echo: this.echoOf?.(index) ?? '' }));
+    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false, echo: this.echoOf?.(index) ?? '', calls: '', callChunks: 0 }));
     return c;
   }
 
@@ -101,8 +108,9 @@ export class OutputMeter {
   /**
    * Adds a piece of a choice's output. False when it would pass the allowance: the piece is not to
    * be forwarded, and the choice has then generated its whole allowance.
+   * @param calls the part of `text` that is tool calls written (`toolCallText`)
    */
-  add(index: number, text: string): boolean {
+  add(index: number, text: string, calls = ''): boolean {
     this.cutText = '';
     if (text.length === 0) return true;
     const c = this.choice(index);
@@ -119,8 +127,15 @@ export class OutputMeter {
     const bytes = Buffer.byteLength(text, 'utf8');
     switch (this.counting) {
       case 'chunk':
-        // llama.cpp streams one generated token per chunk.
-        return this.admit(c, c.estimated + 1, () => (c.estimated += 1));
+        // llama.cpp streams one generated token per chunk (fixtures/llamacpp) — but its tool calls
+        // in pieces, counted at the end (`countCalls`).
+        return this.admit(c, c.estimated + 1, () => {
+          c.estimated += 1;
+          if (calls !== '') {
+            c.calls += calls;
+            c.callChunks += 1;
+          }
+        });
       case 'bytes': {
         const after = c.bytes + bytes;
         const ok = this.admit(c, Math.ceil(after / CUT_BYTES_PER_TOKEN), () => {
@@ -163,6 +178,26 @@ export class OutputMeter {
         c.cut = true;
         this.cutText = left > 0 ? (this.counter.leadingText?.(text, left) ?? '') : '';
         return false;
+      }
+    }
+  }
+
+  /**
+   * Chunk counting, once the stream has ended: each choice's tool calls counted as the text they
+   * are, with the server's tokenizer, in place of the token a chunk they were first counted at.
+   * (The markup the server's parser held back is still not seen: where the server's own usage is
+   * trusted, it stands; settle.ts.) A tokenizer that cannot be reached leaves the chunks' count.
+   */
+  async countCalls(signal?: AbortSignal): Promise<void> {
+    if (this.counting !== 'chunk') return;
+    for (const c of this.choices.values()) {
+      if (c.calls === '' || c.cut) continue;
+      try {
+        const counted = await (this.counter.countGenerated?.(c.calls, signal) ?? this.counter.countText(c.calls, signal));
+        c.estimated += Math.max(0, counted.tokens - c.callChunks);
+        c.callChunks = counted.tokens;
+      } catch {
+        // the chunks' count stands
       }
     }
   }
@@ -255,6 +290,12 @@ export function writtenText(part: Record<string, unknown>): string {
   if (typeof part.content === 'string') text += part.content;
   if (typeof part.refusal === 'string') text += part.refusal;
   text += transcriptOf(part);
+  return text + toolCallText(part);
+}
+
+/** The tool calls a message or a delta writes: each call's name and arguments (a custom tool's input), the legacy `function_call` included. */
+export function toolCallText(part: Record<string, unknown>): string {
+  let text = '';
   if (Array.isArray(part.tool_calls)) {
     // An upstream's malformed entry (null, a string) carries no text to count.
     // A custom tool's call writes `custom: {name, input}` where a function's writes `function`.

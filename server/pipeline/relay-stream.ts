@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { SseEventTooLarge, SseParser, sseData, type SseEvent } from './sse.js';
 import { contentChunk } from './sse-content-chunk.js';
-import { OutputMeter, answerText, carriesAudio, deltaText, writtenText } from './output-meter.js';
+import { OutputMeter, answerText, carriesAudio, deltaText, toolCallText, writtenText } from './output-meter.js';
 import { showsText } from '../../metering/runs/message-text.js';
 import { StreamToolCallFilter } from '../../metering/runs/strip-tool-calls.js';
 import { evidenceExcerpt, excerptAsRefusal } from '../../metering/runs/evidence-excerpt.js';
@@ -275,7 +275,8 @@ export async function relayStream(
         continue;
       }
       const written = sentChoices[at];
-      const text = deltaText(isObject(written) ? written : raw);
+      const shown = isObject(written) ? written : raw;
+      const text = deltaText(shown);
       if (isObject(raw.delta) && carriesAudio(raw.delta)) out.audio = true;
       if (finished.has(index) && text !== '' && !finishEveryChunk) {
         // A choice that writes on after its finish: this server names a finish in every chunk, so
@@ -283,7 +284,7 @@ export async function relayStream(
         finishEveryChunk = true;
         for (const held of heldFinish.splice(0)) write(sseData(held));
       }
-      if (!meter.add(index, text)) {
+      if (!meter.add(index, text, isObject(shown.delta) ? toolCallText(shown.delta) : '')) {
         // Past the allowance: the choice ends here, with what of this piece still fits.
         kept.push(...(cutChunk(index, raw, written !== raw).choices as Json[]));
         finished.add(index);

@@ -396,6 +396,9 @@ async function relayAdmitted(
   const meter = new OutputMeter(outputCounting(plan, counter.method), counter, plan.perChoiceAllowance, echoOf(plan, counter));
   const streamed = await relayStream(plan, res, raw, meter, () => abort.abort(), () => streamHead({}), draining, abort.signal);
   upstreamMs = performance.now() - tForward;
+  // llama.cpp's tool calls come in pieces of several tokens: counted as text where the meter's
+  // figure is the one settled on (the server's usage is not trusted, or never came).
+  if (streamed.cut || streamed.unaskedChoices || !providerOutputTrusted(plan, streamed.usage)) await meter.countCalls(gw.drain.signal);
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
   // An upstream that failed before any output refunds the whole reservation, as a failure before
   // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
@@ -483,7 +486,7 @@ async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: str
     json.texts.map(async (text) => {
       if (!text) return 0;
       try {
-        const c = await counter.countText(text);
+        const c = await (counter.countGenerated?.(text) ?? counter.countText(text));
         upperBound ||= c.upperBound;
         return c.tokens;
       } catch {

@@ -137,8 +137,13 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // chunk, an upstream that sends none): the gateway cannot count it, so the turn is charged its
   // whole allowance — a conservative figure, never one the client can lower by leaving.
   const audioAllowance = !o.refundAll && trusted === null && o.uncountedAudio === true;
-  const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : o.countedOutput));
-  const outputMethod = o.refundAll ? 'none' : trusted !== null ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
+  // A llama.cpp server's figure for a prompt array or n > 1 is row 0's and choice 0's alone: no
+  // total, but a floor under the gateway's own count of them all (which sees a streamed tool call's
+  // text, not the markup the server's parser held back).
+  const firstChoice = !o.refundAll && usageUnderReported(plan) ? (tokenFigure(o.usage?.completion_tokens) ?? 0) : 0;
+  const ownCount = Math.max(o.countedOutput, firstChoice);
+  const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : ownCount));
+  const outputMethod = o.refundAll ? 'none' : trusted !== null || (!audioAllowance && firstChoice > o.countedOutput) ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included
   // (SPEC §2.7, §11): the model read nothing the run must pay for.
   const tokens = o.refundAll

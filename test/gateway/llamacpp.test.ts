@@ -130,6 +130,61 @@ t.test('a llama.cpp chat answer with n > 1 gives the client the figures of every
   t.ok(charged <= out.usage.total_tokens, `the charge (${charged}) is within what the usage says was read and written`);
 });
 
+// Regression (nineteenth session): a llama.cpp stream was metered a token a chunk, and its tool
+// calls come in pieces of several tokens: with n = 2, a streamed call settled 16 tokens where the
+// same answer whole settled 48 and the server says choice 0 alone wrote 45. And a whole answer's
+// text was counted as a prompt is, with the start-of-text token a model with one would add.
+t.test('llama.cpp tool calls are counted as the text they are, streamed or whole, never under choice 0 alone', async (t) => {
+  const spec = { name: 'get_weather', arguments: '{"city": "Paris, France", "unit": "celsius", "days": 3}' };
+  const llama = await startLlamaCppDouble({ toolCalls: spec, slots: 2 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const body = {
+    model: 'tiny',
+    messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools: [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+    n: 2,
+    max_tokens: 100,
+  };
+  const send = (extra: Json, conversation: string) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation }, body: JSON.stringify({ ...body, ...extra }) });
+  await (await send({ stream: true, stream_options: { include_usage: true } }, 'streamed')).text();
+  await (await send({}, 'whole')).json();
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  const streamed = rows.find((r) => r.conversation === 'streamed')!;
+  const whole = rows.find((r) => r.conversation === 'whole')!;
+  const callTokens = llama.tokenize(spec.name + spec.arguments).length;
+  const firstChoice = llama.tokenize(`<tool_call>\n{"name": "${spec.name}", "arguments": ${spec.arguments}}\n</tool_call>`).length;
+  t.equal(streamed.upstream_completion_tokens, firstChoice, "the server's figure: choice 0 alone, markup and all");
+  t.equal(whole.generated_tokens, Math.max(2 * callTokens, firstChoice), 'whole: both calls as text, not under choice 0');
+  t.equal(streamed.generated_tokens, whole.generated_tokens, 'streamed: the same, not a token a chunk');
+  t.ok(streamed.generated_tokens! > 16, `${streamed.generated_tokens} tokens, not the 16 chunks`);
+  // The answer's text was asked of /tokenize as output: no start-of-text token added.
+  const counted = llama.requests.filter((r) => r.path === '/tokenize' && (r.body as Json).content === spec.name + spec.arguments);
+  t.ok(counted.length > 0, 'the calls were counted with the server');
+  t.ok(counted.every((r) => (r.body as Json).add_special === false), 'as generated text');
+});
+
+t.test("a llama.cpp figure for choice 0 alone is a floor under the gateway's count of every choice", async (t) => {
+  // A short call: its text is a few tokens; the markup the server's parser held back is most of it.
+  const llama = await startLlamaCppDouble({ toolCalls: { name: 'f', arguments: '{}' }, slots: 2 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'go' }], tools: [{ type: 'function', function: { name: 'f' } }], n: 2, max_tokens: 100, stream: true, stream_options: { include_usage: true } }),
+  });
+  await res.text();
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  const firstChoice = llama.tokenize('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>').length;
+  t.ok(2 * llama.tokenize('f{}').length < firstChoice, 'the calls as text are less than choice 0 alone');
+  t.equal(rows[0]!.generated_tokens, firstChoice);
+  t.equal(rows[0]!.output_method, 'provider', "the server's figure was the larger");
+});
+
 t.test("a llama.cpp embeddings answer's usage, which counts every input, goes as the server wrote it", async (t) => {
   const llama = await startLlamaCppDouble({ embeddings: true });
   t.teardown(llama.close);
