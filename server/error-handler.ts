@@ -95,10 +95,27 @@ export function registerErrorHandling(app: FastifyInstance): void {
     if (request.settledLogged) request.log.error({ err }, 'unexpected error');
     return answer(500, 'internal_error', envelope('internal_error', 'internal error in the gateway', 'server_error'), {}, { level: 'error', err });
   });
+  // Each route's path and the methods it answers: a path that exists, asked with another method,
+  // is a 405 saying which it takes (as OpenAI's API answers), not "no route".
+  const paths: Array<{ path: RegExp; methods: Set<string> }> = [];
+  app.addHook('onRoute', (route) => {
+    const source = route.url.replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/:[^/]+/g, '[^/]+').replace(/\*/g, '.*');
+    const path = new RegExp(`^${source}$`);
+    let entry = paths.find((p) => p.path.source === path.source);
+    if (!entry) paths.push((entry = { path, methods: new Set() }));
+    for (const m of Array.isArray(route.method) ? route.method : [route.method]) entry.methods.add(m);
+  });
   app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split('?')[0]!;
+    const allowed = [...new Set(paths.filter((p) => p.path.test(path)).flatMap((p) => [...p.methods]))].sort();
+    if (allowed.length > 0 && !allowed.includes(request.method)) {
+      const err = new GatewayError('method_not_allowed', `${request.method} is not a method of ${path}: it takes ${allowed.join(', ')}`);
+      reply.code(err.status).headers({ ...NO_RETRY_HEADERS, allow: allowed.join(', ') }).send(err.toEnvelope());
+      return;
+    }
     reply
       .code(404)
       .headers(NO_RETRY_HEADERS)
-      .send(envelope('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, 'not_found_error'));
+      .send(envelope('not_found', `no route for ${request.method} ${path}`, 'not_found_error'));
   });
 }

@@ -10,6 +10,7 @@ export const ERRORS = {
   admin_token_required: { status: 401, type: 'authentication_error' },
   forbidden: { status: 403, type: 'permission_error' },
   not_found: { status: 404, type: 'not_found_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
   token_budget_exhausted: { status: 402, type: 'insufficient_quota' },
   conversation_cap_reached: { status: 402, type: 'insufficient_quota' },

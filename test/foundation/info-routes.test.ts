@@ -280,3 +280,25 @@ t.test("Node's own metrics carry the tollgate_ prefix once", async (t) => {
   t.match(text, /^tollgate_nodejs_eventloop_lag_seconds /m);
   t.notMatch(text, /tollgate_process_process_/);
 });
+
+t.test('a route asked with a method it does not take: 405 naming those it takes; a path no route has: 404', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)] });
+  for (const [method, path, allow] of [
+    ['GET', '/v1/chat/completions', 'POST'],
+    ['PUT', '/v1/embeddings', 'POST'],
+    ['POST', '/healthz', 'GET, HEAD'],
+    ['DELETE', '/v1/conversations/c1/spend', 'GET, HEAD'],
+  ] as const) {
+    const res = await fetch(`${gw.url}${path}`, { method });
+    t.equal(res.status, 405, `${method} ${path}`);
+    t.equal(res.headers.get('allow'), allow);
+    t.equal(res.headers.get('x-should-retry'), 'false');
+    t.match(await res.json(), { error: { code: 'method_not_allowed', type: 'invalid_request_error', message: `${method} is not a method of ${path}: it takes ${allow}` } });
+  }
+  const none = await fetch(`${gw.url}/v1/nothing-here`);
+  t.equal(none.status, 404);
+  t.match(await none.json(), { error: { code: 'not_found' } });
+  t.equal(openai.requests.length, 0);
+});
