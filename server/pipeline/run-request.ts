@@ -6,8 +6,6 @@ import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Dispatcher } from 'undici';
 import type { Gateway } from '../gateway.js';
-import type { TokenCounter } from '../../metering/types.js';
-import { estimateTokens } from '../../metering/tokenizers/byte-estimate.js';
 import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../errors.js';
 import { upstreamHeaders } from './upstream-headers.js';
 import { redactBodyText, redactText } from './upstream-key.js';
@@ -18,42 +16,16 @@ import { admit } from './admit.js';
 import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
-import { OutputMeter, type OutputCounting } from './output-meter.js';
+import { OutputMeter } from './output-meter.js';
+import { admissionHeaders, closingComment, NOTHING_USED, sendAsStream, sendFallback, settledHeaders, usageChunkFigures } from './answer-figures.js';
+import { countAnswer, echoOf, outputCounting } from './count-answer.js';
 import { settle as settleOutcome, pricierFor, providerOutputTrusted, usageUnderReported, type Outcome, type Settled } from './settle.js';
 import { sseData } from './sse.js';
-import { completionChunks } from './completion-as-stream.js';
 import { noticeHeader } from '../../metering/runs/final-answer.js';
-import { evidenceExcerpt, excerptAsRefusal, excerptCompletion, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
-import { formatUsdHeader } from '../../pricing/usd-format.js';
+import { evidenceExcerpt, excerptAsRefusal, excerptStreamChunks } from '../../metering/runs/evidence-excerpt.js';
 import { clientPrincipal } from '../auth-hooks.js';
 import { slotFor } from '../key-slots.js';
 import type { Principal } from '../auth.js';
-
-function admissionHeaders(plan: Plan, notices: string[]): Record<string, string | string[]> {
-  const h: Record<string, string | string[]> = {
-    'x-tollgate-conversation': plan.conversation,
-    'x-tollgate-reserved-tokens': String(plan.promptCharge + plan.allowance),
-    'x-tollgate-shared-prefix-tokens': String(plan.sharedPrefixTokens),
-    'x-tollgate-count-method': plan.rows.countMethod,
-  };
-  if (notices.length > 0) h['x-tollgate-notice'] = notices;
-  return h;
-}
-
-function settledHeaders(s: Settled): Record<string, string> {
-  const h: Record<string, string> = {
-    'x-tollgate-charge-tokens': String(s.chargeTokens),
-    'x-tollgate-refund-tokens': String(s.refundTokens),
-  };
-  const cost = formatUsdHeader(s.costUsd);
-  if (cost !== null) h['x-tollgate-cost-usd'] = cost;
-  return h;
-}
-
-function outputCounting(plan: Plan, counterMethod: string): OutputCounting {
-  if (counterMethod.startsWith('tiktoken:')) return 'tokenizer';
-  return plan.upstream.config.kind === 'llamacpp' ? 'chunk' : 'bytes';
-}
 
 export async function handleProxy(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply): Promise<void> {
   const t0 = performance.now();
@@ -446,98 +418,6 @@ async function relayAdmitted(
   finishLog(outcome.status);
 }
 
-/** The final turn failed, came back empty or only proposed tools: answer with the labelled excerpt. */
-function sendFallback(gw: Gateway, plan: Plan, reply: FastifyReply, notices: string[], settled: Settled, finishLog: (s: number) => void): void {
-  gw.metrics.fallback.inc();
-  const text = evidenceExcerpt(plan.valid.messages ?? []);
-  const headers = { ...admissionHeaders(plan, [...notices, ...settled.notices]), ...settledHeaders(settled), 'x-tollgate-fallback': 'evidence-excerpt' };
-  finishLog(200);
-  // Usage: nothing where the turn failed and was refunded whole; what was charged where the model
-  // read the prompt and wrote (only tool calls, or nothing visible).
-  const usage = settled.chargeTokens === 0 ? NOTHING_USED : usageChunkFigures(plan, null, settled);
-  if (!plan.valid.stream) {
-    reply.code(200).headers(headers).send({ ...excerptCompletion(plan.model, text, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n }), usage });
-    return;
-  }
-  let body = '';
-  const chunks = excerptStreamChunks(plan.model, text, false, { asRefusal: excerptAsRefusal(plan.valid.body), n: plan.valid.n });
-  for (const chunk of chunks) body += sseData(chunk);
-  if (plan.valid.includeUsage) body += sseData({ ...chunks[0], choices: [], usage });
-  body += closingComment(settled, true);
-  body += 'data: [DONE]\n\n';
-  reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
-}
-
-/**
- * A whole answer's output as the gateway counts it. Where it counts on this machine it always does,
- * as it does a stream's: a tiktoken count is exact, and settlement takes it as a floor under the
- * provider's figure (a provider that says 0, or half, for what it wrote is not taken at its word);
- * the byte estimate, no bound, tells only a figure of 0 for text that came (settle.ts). A llama.cpp
- * server's own tokenizer is asked only where its usage cannot be trusted (a prompt array, n > 1,
- * choices past n). A text that could not be
- * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
- * allowance, as a stream's is (ADR 0004).
- */
-async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null; unaskedChoices: boolean }): Promise<{ tokens: number; method: string }> {
-  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
-  let upperBound = false;
-  let estimated = counter.method === 'estimate:bytes';
-  const counts = await Promise.all(
-    json.texts.map(async (text) => {
-      if (!text) return 0;
-      try {
-        const c = await (counter.countGenerated?.(text) ?? counter.countText(text));
-        upperBound ||= c.upperBound;
-        return c.tokens;
-      } catch {
-        estimated = true;
-        return Math.min(estimateTokens(text), plan.perChoiceAllowance);
-      }
-    }),
-  );
-  const capped = counter.method === 'estimate:bytes' ? counts.map((n) => Math.min(n, plan.perChoiceAllowance)) : counts;
-  const method = estimated ? 'estimate:bytes' : upperBound ? `${counter.method}:upper-bound` : counter.method;
-  return { tokens: capped.reduce((a, b) => a + b, 0), method };
-}
-
-/** The usage of a turn refunded whole: the upstream failed before any output (SPEC §11). */
-const NOTHING_USED = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 } as const;
-
-/**
- * The figures of the usage chunk the gateway writes at a stream's end: the upstream's, but the
- * gateway's own where there are none (a stream cut short, a server that sent none) or they are
- * known short (llama.cpp counts one row and one choice).
- */
-function usageChunkFigures(plan: Plan, upstream: Record<string, unknown> | null, settled: Settled): Record<string, unknown> {
-  if (upstream && !usageUnderReported(plan)) return upstream;
-  return { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
-}
-
-/** A stream's closing comment (SPEC §11): the settled figures, the notices, and whether the excerpt answered. */
-function closingComment(settled: Settled, fallback: boolean): string {
-  const trailer: Record<string, unknown> = { charge_tokens: settled.chargeTokens, refund_tokens: settled.refundTokens, cost_usd: settled.costUsd };
-  if (settled.notices.length > 0) trailer.notices = settled.notices;
-  if (fallback) trailer.fallback = 'evidence-excerpt';
-  return `: tollgate ${JSON.stringify(trailer)}\n\n`;
-}
-
-/**
- * A whole completion sent to a client that asked for a stream: its chunks, the usage chunk if the
- * client asked for usage, the settled figures in the closing comment, then [DONE], as a stream ends.
- */
-function sendAsStream(plan: Plan, reply: FastifyReply, json: Awaited<ReturnType<typeof relayJson>>, headers: Record<string, string | string[]>, settled: Settled): void {
-  const chunks = completionChunks(json.body, plan.valid.kind === 'chat');
-  let body = chunks.map((c) => sseData(c)).join('');
-  if (plan.valid.includeUsage) {
-    const usage = usageChunkFigures(plan, json.usage, settled);
-    const { choices: _c, ...meta } = chunks[0] ?? {};
-    body += sseData({ ...meta, choices: [], usage });
-  }
-  body += closingComment(settled, json.fallback === 'partial');
-  body += 'data: [DONE]\n\n';
-  reply.code(200).headers({ ...headers, 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' }).send(body);
-}
-
 function isJsonType(contentType: string | string[] | undefined): boolean {
   const value = Array.isArray(contentType) ? contentType[0] : contentType;
   return value !== undefined && /^\s*application\/json\b/i.test(value);
@@ -574,24 +454,4 @@ const ERROR_BODY_BYTES = 1024 * 1024;
  */
 async function errorText(plan: Plan, res: Dispatcher.ResponseData): Promise<string> {
   return redactBodyText(await readText(res.body, plan.upstream.name, ERROR_BODY_BYTES).catch(() => ''), plan.upstream.apiKey);
-}
-
-/**
- * What each choice of a completions request with `echo` starts with: its prompt (choices
- * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed — and for a
- * llama.cpp server, which does not echo: there, text that happens to repeat the prompt is the
- * model's own, and is metered.
- */
-function echoOf(plan: Plan, counter: TokenCounter): ((index: number) => string) | undefined {
-  const body = plan.valid.body;
-  if (plan.valid.kind !== 'completions' || body.echo !== true || plan.upstream.config.kind !== 'openai') return undefined;
-  const prompt = body.prompt;
-  const n = plan.valid.n;
-  const isIds = (p: unknown): p is number[] => Array.isArray(p) && p.every((x) => typeof x === 'number');
-  return (index) => {
-    const p = Array.isArray(prompt) && !isIds(prompt) ? prompt[Math.floor(index / n)] : prompt;
-    if (typeof p === 'string') return p;
-    // A prompt of token ids is echoed as their text: known where the counter has the vocabulary.
-    return isIds(p) ? (counter.decode?.(p) ?? '') : '';
-  };
 }

@@ -1,0 +1,66 @@
+// An answer's output as the gateway counts it: how a stream is metered (by tokenizer, by chunk, or
+// by bytes), a whole answer counted, and the echoed prompt a completion starts with left out.
+
+import type { TokenCounter } from '../../metering/types.js';
+import { estimateTokens } from '../../metering/tokenizers/byte-estimate.js';
+import type { Plan } from './plan.js';
+import type { OutputCounting } from './output-meter.js';
+import { providerOutputTrusted } from './settle.js';
+
+/** How a stream is metered: with the model's tokenizer where there is one here, by llama.cpp's token a chunk, else by bytes. */
+export function outputCounting(plan: Plan, counterMethod: string): OutputCounting {
+  if (counterMethod.startsWith('tiktoken:')) return 'tokenizer';
+  return plan.upstream.config.kind === 'llamacpp' ? 'chunk' : 'bytes';
+}
+
+/**
+ * A whole answer's output as the gateway counts it. Where it counts on this machine it always does,
+ * as it does a stream's: a tiktoken count is exact, and settlement takes it as a floor under the
+ * provider's figure (a provider that says 0, or half, for what it wrote is not taken at its word);
+ * the byte estimate, no bound, tells only a figure of 0 for text that came (settle.ts). A llama.cpp
+ * server's own tokenizer is asked only where its usage cannot be trusted (a prompt array, n > 1,
+ * choices past n). A text that could not be
+ * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
+ * allowance, as a stream's is (ADR 0004).
+ */
+export async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null; unaskedChoices: boolean }): Promise<{ tokens: number; method: string }> {
+  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
+  let upperBound = false;
+  let estimated = counter.method === 'estimate:bytes';
+  const counts = await Promise.all(
+    json.texts.map(async (text) => {
+      if (!text) return 0;
+      try {
+        const c = await (counter.countGenerated?.(text) ?? counter.countText(text));
+        upperBound ||= c.upperBound;
+        return c.tokens;
+      } catch {
+        estimated = true;
+        return Math.min(estimateTokens(text), plan.perChoiceAllowance);
+      }
+    }),
+  );
+  const capped = counter.method === 'estimate:bytes' ? counts.map((n) => Math.min(n, plan.perChoiceAllowance)) : counts;
+  const method = estimated ? 'estimate:bytes' : upperBound ? `${counter.method}:upper-bound` : counter.method;
+  return { tokens: capped.reduce((a, b) => a + b, 0), method };
+}
+
+/**
+ * What each choice of a completions request with `echo` starts with: its prompt (choices
+ * are numbered prompt by prompt, `n` to a prompt). Undefined when nothing is echoed — and for a
+ * llama.cpp server, which does not echo: there, text that happens to repeat the prompt is the
+ * model's own, and is metered.
+ */
+export function echoOf(plan: Plan, counter: TokenCounter): ((index: number) => string) | undefined {
+  const body = plan.valid.body;
+  if (plan.valid.kind !== 'completions' || body.echo !== true || plan.upstream.config.kind !== 'openai') return undefined;
+  const prompt = body.prompt;
+  const n = plan.valid.n;
+  const isIds = (p: unknown): p is number[] => Array.isArray(p) && p.every((x) => typeof x === 'number');
+  return (index) => {
+    const p = Array.isArray(prompt) && !isIds(prompt) ? prompt[Math.floor(index / n)] : prompt;
+    if (typeof p === 'string') return p;
+    // A prompt of token ids is echoed as their text: known where the counter has the vocabulary.
+    return isIds(p) ? (counter.decode?.(p) ?? '') : '';
+  };
+}
