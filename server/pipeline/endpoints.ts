@@ -222,8 +222,10 @@ function checkMessages(v: unknown, partKinds: Set<string>): ChatMessage[] {
   return v as ChatMessage[];
 }
 
+/** An image part's `image_url`: OpenAI's `{url, detail?}`, or the bare URL some servers take (Ollama). */
 function checkImageUrl(v: unknown, path: string): void {
-  if (!isObject(v)) invalid(path, 'must be an object with a url');
+  if (typeof v === 'string') return;
+  if (!isObject(v)) invalid(path, 'must be an object with a url (or the URL itself)');
   if (typeof v.url !== 'string') invalid(`${path}.url`, 'must be a string');
   if (v.detail !== undefined && v.detail !== null && typeof v.detail !== 'string') invalid(`${path}.detail`, 'must be a string');
 }
