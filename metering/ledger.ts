@@ -309,9 +309,11 @@ export interface Ledger {
   setConversationCap(conversation: string, tenant: string | null, capUsd: number | null): Promise<string | null>;
   /**
    * Records that a 402 at the conversation's own cap offered room past it to models priced at
-   * `ceilingMtok` or less (the dearest offer stands). Setting the cap again clears it.
+   * `ceilingMtok` or less (the dearest offer stands). Setting the cap again clears it. Written only
+   * while the cap is still `capUsd`, the cap the refusal was made at: an operator who sets another
+   * while the 402 is being built has withdrawn the offer before it is recorded.
    */
-  offerCapRoom(conversation: string, ceilingMtok: number): Promise<void>;
+  offerCapRoom(conversation: string, ceilingMtok: number, capUsd: number): Promise<void>;
   tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }>;
   /** True exactly once per tenant and month: the caller sends `budget-near`. */
   claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;

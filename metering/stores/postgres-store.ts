@@ -274,8 +274,11 @@ export class PostgresLedger implements Ledger {
     return rows[0]?.tenant ?? null;
   }
 
-  async offerCapRoom(conversation: string, ceilingMtok: number): Promise<void> {
-    await this.pool.query('UPDATE conversations SET room_ceiling_mtok = GREATEST(COALESCE(room_ceiling_mtok, 0), $2) WHERE id = $1', [conversation, ceilingMtok]);
+  async offerCapRoom(conversation: string, ceilingMtok: number, capUsd: number): Promise<void> {
+    await this.pool.query(
+      'UPDATE conversations SET room_ceiling_mtok = GREATEST(COALESCE(room_ceiling_mtok, 0), $2) WHERE id = $1 AND cap_usd = $3',
+      [conversation, ceilingMtok, capUsd],
+    );
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

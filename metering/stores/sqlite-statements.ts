@@ -39,7 +39,8 @@ export function prepareSqlite(db: Database.Database) {
       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd, room_ceiling_mtok = NULL,
         tenant = COALESCE(conversations.tenant, excluded.tenant)
       WHERE excluded.tenant IS NULL OR conversations.tenant IS NULL OR conversations.tenant = excluded.tenant`),
-    offerCapRoom: s(`UPDATE conversations SET room_ceiling_mtok = MAX(COALESCE(room_ceiling_mtok, 0), @ceiling) WHERE id = @id`),
+    offerCapRoom: s(`UPDATE conversations SET room_ceiling_mtok = MAX(COALESCE(room_ceiling_mtok, 0), @ceiling)
+      WHERE id = @id AND cap_usd = @cap`),
     getOwner: s('SELECT tenant FROM conversations WHERE id = ?'),
 
     // A run starts (its clock and its budget) with its first admitted request.

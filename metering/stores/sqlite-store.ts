@@ -587,8 +587,8 @@ export class SqliteLedger implements Ledger {
     return (this.q.getOwner.get(conversation) as { tenant: string | null } | undefined)?.tenant ?? null;
   }
 
-  async offerCapRoom(conversation: string, ceilingMtok: number): Promise<void> {
-    this.q.offerCapRoom.run({ id: conversation, ceiling: ceilingMtok });
+  async offerCapRoom(conversation: string, ceilingMtok: number, capUsd: number): Promise<void> {
+    this.q.offerCapRoom.run({ id: conversation, ceiling: ceilingMtok, cap: capUsd });
   }
 
   async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {

@@ -216,7 +216,7 @@ export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<P
       continue;
     }
     const refusal = await refusalError(gw, plan, result);
-    if (result.scope === 'conversation') await recordRoomOffer(gw, plan, refusal);
+    if (result.scope === 'conversation') await recordRoomOffer(gw, plan, refusal, result.limitUsd);
     throw refusal;
   }
 }
@@ -225,14 +225,15 @@ export async function admit(gw: Gateway, plan: Plan, planAgain?: () => Promise<P
  * A 402 at the conversation's own cap that offered metered models with room past it (ADR 0006):
  * the offer is kept with the conversation, so that the client that takes it — sends its next
  * request on one of them — is admitted within that room. (/v1/admission, which changes nothing,
- * offers without recording.) A ledger that cannot take it leaves the offer unrecorded: the refusal
- * stands either way.
+ * offers without recording.) It is recorded only under the cap it was made at (`capUsd`): a cap an
+ * operator set while the refusal was built withdraws it. A ledger that cannot take it leaves the
+ * offer unrecorded: the refusal stands either way.
  */
-async function recordRoomOffer(gw: Gateway, plan: Plan, refusal: GatewayError): Promise<void> {
+async function recordRoomOffer(gw: Gateway, plan: Plan, refusal: GatewayError, capUsd: number): Promise<void> {
   const offered = (refusal.details.choices as { cheaper_models?: CheaperModel[] } | undefined)?.cheaper_models ?? [];
   const ceiling = meteredCeilingMtok(plan.price, plan.audioOutput);
   if (ceiling === null || !offered.some((m) => m.billing === 'metered')) return;
-  await gw.ledger.offerCapRoom(plan.conversation, ceiling).catch((err: unknown) => {
+  await gw.ledger.offerCapRoom(plan.conversation, ceiling, capUsd).catch((err: unknown) => {
     gw.log.warn({ err, id: plan.id }, 'the room a cap refusal offered could not be recorded');
   });
 }

@@ -101,6 +101,26 @@ for (const factory of storeFactories(t)) {
     t.equal(await ledger.setTenantBudget('nobody', 1), false, 'unknown tenant');
   });
 
+  // Regression (twentieth session): the offer was written whatever the cap was by then, so an
+  // operator who set a new cap while a 402 was being built had the old cap's offer kept under it.
+  t.test(`${factory.kind}: the room a 402 offered is recorded only under the cap it was made at`, async (t) => {
+    const { ledger } = await factory.create(t);
+    await ledger.setConversationCap('offered', null, 0.25);
+    await ledger.offerCapRoom('offered', 400, 0.25);
+    t.equal((await ledger.conversationSpend('offered'))?.roomCeilingMtok, 400, 'recorded under its own cap');
+    await ledger.offerCapRoom('offered', 100, 0.25);
+    t.equal((await ledger.conversationSpend('offered'))?.roomCeilingMtok, 400, 'the dearest offer stands');
+    await ledger.setConversationCap('offered', null, 0.5);
+    t.equal((await ledger.conversationSpend('offered'))?.roomCeilingMtok, null, 'a new cap withdraws it');
+    await ledger.offerCapRoom('offered', 400, 0.25);
+    t.equal((await ledger.conversationSpend('offered'))?.roomCeilingMtok, null, 'an offer made under the old cap is not recorded');
+    await ledger.setConversationCap('offered', null, null);
+    await ledger.offerCapRoom('offered', 400, 0.25);
+    t.equal((await ledger.conversationSpend('offered'))?.roomCeilingMtok, null, 'nor once the cap is gone');
+    await ledger.offerCapRoom('never-made', 400, 0.25);
+    t.equal(await ledger.conversationSpend('never-made'), null, 'an offer makes no conversation');
+  });
+
   t.test(`${factory.kind}: spend by model, plan turns, unknown cost`, async (t) => {
     const { ledger } = await factory.create(t);
     const turns = [
