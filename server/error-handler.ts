@@ -4,6 +4,7 @@
 
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { GatewayError, NO_RETRY_HEADERS, envelope } from './errors.js';
+import { requireAdmin } from './auth-hooks.js';
 import { endpointForPath } from './pipeline/endpoints.js';
 
 declare module 'fastify' {
@@ -105,15 +106,17 @@ export function registerErrorHandling(app: FastifyInstance): void {
     if (!entry) paths.push((entry = { path, methods: new Set() }));
     for (const m of Array.isArray(route.method) ? route.method : [route.method]) entry.methods.add(m);
   });
-  app.setNotFoundHandler((request, reply) => {
+  app.setNotFoundHandler(async (request, reply) => {
     const path = request.url.split('?')[0]!;
     const allowed = [...new Set(paths.filter((p) => p.path.test(path)).flatMap((p) => [...p.methods]))].sort();
     if (allowed.length > 0 && !allowed.includes(request.method)) {
+      // The operator API tells its methods only to the operator: anyone else gets the 401 or 403
+      // its routes answer, as they would with the right method.
+      if (path === '/admin' || path.startsWith('/admin/')) await requireAdmin(request, reply);
       const err = new GatewayError('method_not_allowed', `${request.method} is not a method of ${path}: it takes ${allowed.join(', ')}`);
-      reply.code(err.status).headers({ ...NO_RETRY_HEADERS, allow: allowed.join(', ') }).send(err.toEnvelope());
-      return;
+      return reply.code(err.status).headers({ ...NO_RETRY_HEADERS, allow: allowed.join(', ') }).send(err.toEnvelope());
     }
-    reply
+    return reply
       .code(404)
       .headers(NO_RETRY_HEADERS)
       .send(envelope('not_found', `no route for ${request.method} ${path}`, 'not_found_error'));

@@ -302,3 +302,26 @@ t.test('a route asked with a method it does not take: 405 naming those it takes;
   t.match(await none.json(), { error: { code: 'not_found' } });
   t.equal(openai.requests.length, 0);
 });
+
+// Regression (twentieth session): the 405 was answered before any check, so anyone could learn the
+// operator API's routes and methods without the admin token.
+t.test('an operator route asked with another method answers 401 or 403 first: only the operator learns its methods', async (t) => {
+  const openai = await startOpenAiDouble();
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url)], auth: { keys: [{ key: 'tg-client', tenant: 'acme' }] } });
+  const ask = (headers: Record<string, string>) => fetch(`${gw.url}/admin/keys`, { method: 'PATCH', headers });
+  const anonymous = await ask({});
+  t.equal(anonymous.status, 401);
+  t.equal(anonymous.headers.get('allow'), null);
+  t.match(await anonymous.json(), { error: { code: 'admin_token_required' } });
+  const client = await ask({ authorization: 'Bearer tg-client' });
+  t.equal(client.status, 403);
+  t.equal(client.headers.get('allow'), null);
+  t.match(await client.json(), { error: { code: 'forbidden' } });
+  const operator = await ask({ authorization: 'Bearer admin-secret' });
+  t.equal(operator.status, 405);
+  t.equal(operator.headers.get('allow'), 'GET, HEAD, POST');
+  t.match(await operator.json(), { error: { code: 'method_not_allowed', message: 'PATCH is not a method of /admin/keys: it takes GET, HEAD, POST' } });
+  const unknown = await fetch(`${gw.url}/admin/nothing-here`, { method: 'PATCH' });
+  t.equal(unknown.status, 404, 'a path no route has is a 404 for anyone');
+});
