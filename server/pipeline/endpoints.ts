@@ -261,9 +261,14 @@ function checkChatFields(body: Record<string, unknown>): void {
   if (given('tool_choice') && typeof body.tool_choice !== 'string' && !isObject(body.tool_choice)) invalid('tool_choice', 'must be a string ("none", "auto", "required") or an object');
   if (given('parallel_tool_calls') && typeof body.parallel_tool_calls !== 'boolean') invalid('parallel_tool_calls', 'must be a boolean');
   if (given('response_format')) {
+    // Only what planning reads is held to a shape. Servers differ in the rest: llama.cpp takes `{}`,
+    // a `json_schema` type without its object, and a schema beside the type; its upstream answers those.
     const rf = body.response_format;
-    if (!isObject(rf) || typeof rf.type !== 'string') invalid('response_format', 'must be an object with a type');
-    if (rf.type === 'json_schema' && !isObject(rf.json_schema)) invalid('response_format.json_schema', 'must be an object');
+    if (!isObject(rf) && typeof rf !== 'string') invalid('response_format', 'must be an object, such as {"type": "json_object"}');
+    if (isObject(rf)) {
+      if (rf.type !== undefined && rf.type !== null && typeof rf.type !== 'string') invalid('response_format.type', 'must be a string');
+      if (rf.json_schema !== undefined && rf.json_schema !== null && !isObject(rf.json_schema)) invalid('response_format.json_schema', 'must be an object');
+    }
   }
   if (given('prediction')) {
     const p = body.prediction;

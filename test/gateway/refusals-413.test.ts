@@ -289,7 +289,8 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
     ['a tool_choice that is a number', chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 5 }), 'tool_choice'],
     ['parallel_tool_calls that is text', chat({ parallel_tool_calls: 'yes' }), 'parallel_tool_calls'],
     ['a response_format that is a number', chat({ response_format: 5 }), 'response_format'],
-    ['a json_schema format without a schema', chat({ response_format: { type: 'json_schema', json_schema: 'x' } }), 'response_format.json_schema'],
+    ['a response_format type that is a number', chat({ response_format: { type: 1 } }), 'response_format.type'],
+    ['a json_schema that is text', chat({ response_format: { type: 'json_schema', json_schema: 'x' } }), 'response_format.json_schema'],
     ['a tool whose parameters are text', chat({ tools: [{ type: 'function', function: { name: 'f', parameters: '{}' } }] }), 'tools[0].function.parameters'],
     ['a legacy function whose parameters are a list', chat({ functions: [{ name: 'f', parameters: [] }] }), 'functions[0].parameters'],
     ['a prediction that is text', chat({ prediction: 'abc' }), 'prediction'],
@@ -310,6 +311,13 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
   // The bare URL some servers take for an image is no malformed part: it goes (counted as an image).
   const bare = await post('/v1/chat/completions', chat({}, [{ role: 'user', content: [{ type: 'image_url', image_url: 'https://example.com/a.png' }] }]));
   t.equal(bare.status, 200, 'image_url as a bare URL');
+  // Structured-output shapes one server or another takes (llama.cpp all four) are its to answer, not
+  // the gateway's to refuse (regression: every one was a 400).
+  for (const format of [{}, 'json_object', { type: 'json_schema' }, { type: 'json_object', schema: { type: 'object' } }, { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object' } } }]) {
+    const res = await post('/v1/chat/completions', chat({ response_format: format }));
+    t.equal(res.status, 200, `response_format ${JSON.stringify(format)} goes`);
+    t.same((upstream.requests.at(-1)?.body as Record<string, unknown> | undefined)?.response_format, format, 'as it was sent');
+  }
   for (const [path, body, param] of [
     ['/v1/completions', { model: 'gpt-4o', prompt: [[]] }, 'prompt[0]'],
     ['/v1/completions', { model: 'gpt-4o', prompt: 'a', suffix: 5 }, 'suffix'],
@@ -350,10 +358,11 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
   t.equal(deepest.status, 200, '100,000 levels inside admission: still its verdict, not a crash');
   t.match(deepest.body.verdict, { status: 400, error: { error: { code: 'invalid_json' } } });
 
-  t.equal(upstream.requests.length, 2, 'only the requests within bounds reached the upstream');
+  // The bare image URL, the five response formats and the nesting at the limit.
+  t.equal(upstream.requests.length, 7, 'only the requests within bounds reached the upstream');
   const rows = [];
   for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
-  t.equal(rows.length, 2, 'and only they have ledger rows');
+  t.equal(rows.length, 7, 'and only they have ledger rows');
 });
 
 t.test('a conversation id must be printable ASCII of at most 256 characters; one that long reaches its spend route', async (t) => {
