@@ -37,6 +37,7 @@ import admissionRoute from '../routes/admission.js';
 import spendRoute from '../routes/spend.js';
 import { NowAndThen } from './log-now-and-then.js';
 import adminRoutes from '../routes/admin.js';
+import { ANSWER_COUNT_TIMEOUT_MS } from './pipeline/count-answer.js';
 
 
 /** How long a client may take to send a whole request (headers and body). */
@@ -80,6 +81,8 @@ export interface AppOptions {
   requestTimeoutMs?: number;
   /** How long a llama.cpp server's /props may take (default PROPS_TIMEOUT_MS; tests shorten it). */
   propsTimeoutMs?: number;
+  /** How long an answer waits on a llama.cpp server's /tokenize for its count (default ANSWER_COUNT_TIMEOUT_MS; tests shorten it). */
+  answerCountTimeoutMs?: number;
 }
 
 declare module 'fastify' {
@@ -270,6 +273,7 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     settleRetry: new SettlementRetry(guarded, inFlight, app.log, opts.settleRetryMs, clock),
     drain,
     clock,
+    answerCountTimeoutMs: opts.answerCountTimeoutMs ?? ANSWER_COUNT_TIMEOUT_MS,
     log: app.log,
     adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,
   };

@@ -49,6 +49,8 @@ export interface Gateway {
    */
   drain: AbortController;
   clock: Clock;
+  /** How long an answer waits on a llama.cpp server's /tokenize for its count (count-answer.ts `ANSWER_COUNT_TIMEOUT_MS`). */
+  answerCountTimeoutMs: number;
   log: FastifyBaseLogger;
   adminToken: string | null;
 }

@@ -19,19 +19,27 @@ export function outputCounting(plan: Plan, counterMethod: string): OutputCountin
  * provider's figure (a provider that says 0, or half, for what it wrote is not taken at its word);
  * the byte estimate, no bound, tells only a figure of 0 for text that came (settle.ts). A llama.cpp
  * server's own tokenizer is asked only where its usage cannot be trusted (a prompt array, n > 1,
- * choices past n). A text that could not be
- * counted is estimated, and the count is labelled so; an estimate is capped at the choice's
- * allowance, as a stream's is (ADR 0004).
+ * choices past n), and within `asked.timeoutMs`. A text that could not be counted is estimated, and
+ * the count is labelled so; an estimate is capped at the choice's allowance, as a stream's is
+ * (ADR 0004). `first` is the first choice's part of `tokens`: a llama.cpp server's own figure for
+ * a prompt array or n > 1 covers that choice alone (settle.ts).
  */
-export async function countAnswer(plan: Plan, counter: TokenCounter, json: { texts: string[]; usage: Record<string, unknown> | null; unaskedChoices: boolean }): Promise<{ tokens: number; method: string }> {
-  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, method: counter.method };
+export async function countAnswer(
+  plan: Plan,
+  counter: TokenCounter,
+  json: { texts: string[]; firstChoice: number; usage: Record<string, unknown> | null; unaskedChoices: boolean },
+  asked: { signal: AbortSignal; timeoutMs: number },
+): Promise<{ tokens: number; first: number; method: string }> {
+  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, first: 0, method: counter.method };
   let upperBound = false;
   let estimated = counter.method === 'estimate:bytes';
+  // A server's tokenizer is asked within a bound of its own (`ANSWER_COUNT_TIMEOUT_MS`).
+  const signal = counter.countGenerated ? boundedSignal(asked.signal, asked.timeoutMs) : undefined;
   const counts = await Promise.all(
     json.texts.map(async (text) => {
       if (!text) return 0;
       try {
-        const c = await (counter.countGenerated?.(text) ?? counter.countText(text));
+        const c = await (counter.countGenerated?.(text, signal) ?? counter.countText(text, signal));
         upperBound ||= c.upperBound;
         return c.tokens;
       } catch {
@@ -42,7 +50,20 @@ export async function countAnswer(plan: Plan, counter: TokenCounter, json: { tex
   );
   const capped = counter.method === 'estimate:bytes' ? counts.map((n) => Math.min(n, plan.perChoiceAllowance)) : counts;
   const method = estimated ? 'estimate:bytes' : upperBound ? `${counter.method}:upper-bound` : counter.method;
-  return { tokens: capped.reduce((a, b) => a + b, 0), method };
+  return { tokens: capped.reduce((a, b) => a + b, 0), first: capped[json.firstChoice] ?? 0, method };
+}
+
+/**
+ * How long an answer waits on a llama.cpp server's `/tokenize` for its count (a whole answer's text,
+ * a stream's tool calls) before the client gets the end of it. Past it the count falls back — a
+ * whole answer's to the byte estimate, a stream's to a token a chunk — rather than holding the
+ * answer for the upstream's `timeoutMs` (10 minutes by default).
+ */
+export const ANSWER_COUNT_TIMEOUT_MS = 5_000;
+
+/** `signal`, and aborted too once `timeoutMs` has passed. */
+export function boundedSignal(signal: AbortSignal, timeoutMs: number): AbortSignal {
+  return AbortSignal.any([signal, AbortSignal.timeout(timeoutMs)]);
 }
 
 /**

@@ -21,6 +21,7 @@ import type { TokenCounter } from '../../metering/types.js';
 import { utf8Prefix } from '../../metering/utf8-prefix.js';
 import { lastSegmentCut } from '../../metering/tokenizers/segment-count.js';
 import { transcriptOf } from '../../metering/runs/message-text.js';
+import { boundedSignal } from './count-answer.js';
 
 /** Bytes a token at most, for cutting a stream counted without a tokenizer. */
 export const CUT_BYTES_PER_TOKEN = 8;
@@ -186,20 +187,26 @@ export class OutputMeter {
    * Chunk counting, once the stream has ended: each choice's tool calls counted as the text they
    * are, with the server's tokenizer, in place of the token a chunk they were first counted at.
    * (The markup the server's parser held back is still not seen: where the server's own usage is
-   * trusted, it stands; settle.ts.) A tokenizer that cannot be reached leaves the chunks' count.
+   * trusted, it stands; settle.ts.) A tokenizer that cannot be reached, or does not answer within
+   * `asked.timeoutMs` (count-answer.ts `ANSWER_COUNT_TIMEOUT_MS`), leaves the chunks' count.
    */
-  async countCalls(signal?: AbortSignal): Promise<void> {
+  async countCalls(asked: { signal: AbortSignal; timeoutMs: number }): Promise<void> {
     if (this.counting !== 'chunk') return;
-    for (const c of this.choices.values()) {
-      if (c.calls === '' || c.cut) continue;
-      try {
-        const counted = await (this.counter.countGenerated?.(c.calls, signal) ?? this.counter.countText(c.calls, signal));
-        c.estimated += Math.max(0, counted.tokens - c.callChunks);
-        c.callChunks = counted.tokens;
-      } catch {
-        // the chunks' count stands
-      }
-    }
+    const calling = [...this.choices.values()].filter((c) => c.calls !== '' && !c.cut);
+    if (calling.length === 0) return;
+    // The client's stream ends after the last answer: every choice is asked at once, within a bound.
+    const signal = boundedSignal(asked.signal, asked.timeoutMs);
+    await Promise.all(
+      calling.map(async (c) => {
+        try {
+          const counted = await (this.counter.countGenerated?.(c.calls, signal) ?? this.counter.countText(c.calls, signal));
+          c.estimated += Math.max(0, counted.tokens - c.callChunks);
+          c.callChunks = counted.tokens;
+        } catch {
+          // the chunks' count stands
+        }
+      }),
+    );
   }
 
   private admit(c: ChoiceMeter, after: number, commit: () => void): boolean {
@@ -222,19 +229,21 @@ export class OutputMeter {
   /** Tokens generated so far, all choices (exact with a tokenizer). Safe to call more than once. */
   total(): number {
     let sum = 0;
-    for (const c of this.choices.values()) {
-      if (c.cut) {
-        sum += this.perChoice;
-        continue;
-      }
-      if (this.counting !== 'tokenizer') {
-        sum += c.estimated;
-        continue;
-      }
-      c.exact = (c.exact ?? 0) + this.flush(c);
-      sum += c.exact;
-    }
+    for (const c of this.choices.values()) sum += this.tokensOf(c);
     return sum;
+  }
+
+  /** Tokens generated so far by the choice of `index` (0 when it wrote nothing), as `total` counts them. */
+  choiceTotal(index: number): number {
+    const c = this.choices.get(index);
+    return c === undefined ? 0 : this.tokensOf(c);
+  }
+
+  private tokensOf(c: ChoiceMeter): number {
+    if (c.cut) return this.perChoice;
+    if (this.counting !== 'tokenizer') return c.estimated;
+    c.exact = (c.exact ?? 0) + this.flush(c);
+    return c.exact;
   }
 }
 

@@ -28,6 +28,8 @@ export interface JsonOutcome {
   timings: Json | null;
   /** Generated text per choice (output-meter.ts `writtenText`), counted as a floor under the provider's figure. */
   texts: string[];
+  /** Where in `texts` the first choice's text is (index 0: row 0's first for a prompt array); -1 when none came. */
+  firstChoice: number;
   /** A choice's message carries audio the model spoke (`carriesAudio`), which `texts` cannot count. */
   audio: boolean;
   /**
@@ -112,9 +114,10 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
       positions.push(at);
     }
   }
+  const indexes = choices.map((choice, k) => (typeof choice.index === 'number' ? choice.index : positions[k]!));
   const texts = choices.map((choice, k) => {
     const written = choiceText(choice);
-    const echo = echoOf?.(typeof choice.index === 'number' ? choice.index : positions[k]!) ?? '';
+    const echo = echoOf?.(indexes[k]!) ?? '';
     return echo === '' ? written : written.slice(echoedLength(written, echo));
   });
   let body = clean;
@@ -139,6 +142,7 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
     usage: isObject(parsed.usage) ? parsed.usage : null,
     timings: isObject(parsed.timings) ? parsed.timings : null,
     texts,
+    firstChoice: indexes.indexOf(0),
     audio: choices.some((choice) => isObject(choice.message) && carriesAudio(choice.message)),
     fallback,
     unaskedChoices,

@@ -320,13 +320,14 @@ async function relayAdmitted(
       return badResponse(badUpstreamResponse(plan.upstream.name, `broke off its answer: ${(err as Error).message}`, err));
     }
     upstreamMs = performance.now() - tForward;
-    const counted = await countAnswer(plan, counter, json);
+    const counted = await countAnswer(plan, counter, json, { signal: gw.drain.signal, timeoutMs: gw.answerCountTimeoutMs });
     // A final turn that proposed tools again, or left no text, is no answer: the excerpt is (SPEC §5)
     // — for every choice, or, with n > 1, for those that did not answer (relay-json.ts).
     const fallback = json.fallback === 'whole';
     outcome = {
       status: 200,
       countedOutput: counted.tokens,
+      countedFirstChoice: counted.first,
       countedMethod: counted.method,
       usage: json.usage,
       timings: json.timings,
@@ -370,7 +371,7 @@ async function relayAdmitted(
   upstreamMs = performance.now() - tForward;
   // llama.cpp's tool calls come in pieces of several tokens: counted as text where the meter's
   // figure is the one settled on (the server's usage is not trusted, or never came).
-  if (streamed.cut || streamed.unaskedChoices || !providerOutputTrusted(plan, streamed.usage)) await meter.countCalls(gw.drain.signal);
+  if (streamed.cut || streamed.unaskedChoices || !providerOutputTrusted(plan, streamed.usage)) await meter.countCalls({ signal: gw.drain.signal, timeoutMs: gw.answerCountTimeoutMs });
   const fallback = plan.mode === 'final-answer' && !streamed.visibleText && !streamed.clientGone;
   // An upstream that failed before any output refunds the whole reservation, as a failure before
   // the response does (SPEC §2.7, §11); one lost part way pays for what it generated.
@@ -382,6 +383,7 @@ async function relayAdmitted(
     // The ledger and the log say how it ended, though the client's status line said 200.
     status: streamed.clientGone ? 499 : upstreamFailed && !answered ? (draining() ? 503 : streamed.upstreamError?.code === 'upstream_timeout' ? 504 : 502) : 200,
     countedOutput: meter.total(),
+    countedFirstChoice: meter.choiceTotal(0),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.
     usage: streamed.cut ? null : streamed.usage,

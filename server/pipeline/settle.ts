@@ -15,6 +15,12 @@ export interface Outcome {
   status: number;
   /** Output counted by the gateway itself (stream meter or tokenizer). */
   countedOutput: number;
+  /**
+   * Of `countedOutput`, the first choice's (index 0: row 0's first for a prompt array), which a
+   * llama.cpp server's own figure for a prompt array or n > 1 covers alone. Unknown: the whole count
+   * stands against that figure.
+   */
+  countedFirstChoice?: number;
   countedMethod: string;
   usage: Json | null;
   timings: Json | null;
@@ -138,12 +144,13 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // whole allowance — a conservative figure, never one the client can lower by leaving.
   const audioAllowance = !o.refundAll && trusted === null && o.uncountedAudio === true;
   // A llama.cpp server's figure for a prompt array or n > 1 is row 0's and choice 0's alone: no
-  // total, but a floor under the gateway's own count of them all (which sees a streamed tool call's
-  // text, not the markup the server's parser held back).
+  // total, but a floor under the gateway's own count of that choice (which sees a streamed tool
+  // call's text, not the markup the server's parser held back); the other choices are the gateway's.
   const firstChoice = !o.refundAll && usageUnderReported(plan) ? (tokenFigure(o.usage?.completion_tokens) ?? 0) : 0;
-  const ownCount = Math.max(o.countedOutput, firstChoice);
+  const raisedFirst = Math.max(0, firstChoice - (o.countedFirstChoice ?? o.countedOutput));
+  const ownCount = o.countedOutput + raisedFirst;
   const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : ownCount));
-  const outputMethod = o.refundAll ? 'none' : trusted !== null || (!audioAllowance && firstChoice > o.countedOutput) ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
+  const outputMethod = o.refundAll ? 'none' : trusted !== null || (!audioAllowance && raisedFirst > 0) ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included
   // (SPEC §2.7, §11): the model read nothing the run must pay for.
   const tokens = o.refundAll

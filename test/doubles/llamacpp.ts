@@ -33,6 +33,8 @@ export interface LlamaCppDoubleOptions {
   delayMs?: number;
   /** Wait before answering `/tokenize` (a server busy with a long prompt). */
   tokenizeDelayMs?: number;
+  /** Never answer `/tokenize` of generated text (`add_special: false`): a server stuck on it. */
+  stallGeneratedTokenize?: boolean;
   /** Answer with this assistant tool call instead of text (a function may decide per request). */
   toolCalls?: ToolCallSpec | ((body: Json) => ToolCallSpec | null);
   /** Answer generation endpoints with this status and JSON body instead. */
@@ -169,6 +171,7 @@ class DoubleState {
         return sendJson(res, 200, this.models());
       case 'POST /tokenize':
         if ((this.opts.tokenizeDelayMs ?? 0) > 0) await sleep(this.opts.tokenizeDelayMs ?? 0);
+        if (this.opts.stallGeneratedTokenize && body.add_special === false) return; // closed with the double
         return sendJson(res, 200, { tokens: this.tokenizeBody(body) });
       case 'POST /detokenize':
         return sendJson(res, 200, { content: detokenize(Array.isArray(body.tokens) ? (body.tokens as number[]) : []) });

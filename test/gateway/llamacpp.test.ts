@@ -157,7 +157,7 @@ t.test('llama.cpp tool calls are counted as the text they are, streamed or whole
   const callTokens = llama.tokenize(spec.name + spec.arguments).length;
   const firstChoice = llama.tokenize(`<tool_call>\n{"name": "${spec.name}", "arguments": ${spec.arguments}}\n</tool_call>`).length;
   t.equal(streamed.upstream_completion_tokens, firstChoice, "the server's figure: choice 0 alone, markup and all");
-  t.equal(whole.generated_tokens, Math.max(2 * callTokens, firstChoice), 'whole: both calls as text, not under choice 0');
+  t.equal(whole.generated_tokens, Math.max(callTokens, firstChoice) + callTokens, "whole: choice 0 at least the server's figure for it, choice 1 as text");
   t.equal(streamed.generated_tokens, whole.generated_tokens, 'streamed: the same, not a token a chunk');
   t.ok(streamed.generated_tokens! > 16, `${streamed.generated_tokens} tokens, not the 16 chunks`);
   // The answer's text was asked of /tokenize as output: no start-of-text token added.
@@ -166,7 +166,9 @@ t.test('llama.cpp tool calls are counted as the text they are, streamed or whole
   t.ok(counted.every((r) => (r.body as Json).add_special === false), 'as generated text');
 });
 
-t.test("a llama.cpp figure for choice 0 alone is a floor under the gateway's count of every choice", async (t) => {
+// Regression (twentieth session): the server's figure for choice 0 was a floor under the count of
+// every choice together, so choice 1's tokens vanished under it: a floor under choice 0's own.
+t.test("a llama.cpp figure for choice 0 alone is a floor under the gateway's count of that choice, not of every choice", async (t) => {
   // A short call: its text is a few tokens; the markup the server's parser held back is most of it.
   const llama = await startLlamaCppDouble({ toolCalls: { name: 'f', arguments: '{}' }, slots: 2 });
   t.teardown(llama.close);
@@ -180,9 +182,38 @@ t.test("a llama.cpp figure for choice 0 alone is a floor under the gateway's cou
   const rows: LedgerRow[] = [];
   for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
   const firstChoice = llama.tokenize('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>').length;
-  t.ok(2 * llama.tokenize('f{}').length < firstChoice, 'the calls as text are less than choice 0 alone');
-  t.equal(rows[0]!.generated_tokens, firstChoice);
-  t.equal(rows[0]!.output_method, 'provider', "the server's figure was the larger");
+  const callTokens = llama.tokenize('f{}').length;
+  t.ok(2 * callTokens < firstChoice, 'the calls as text are less than choice 0 alone');
+  t.equal(rows[0]!.generated_tokens, firstChoice + callTokens, "choice 0 at the server's figure, choice 1 as the gateway counted it");
+  t.equal(rows[0]!.output_method, 'provider', "the server's figure was the larger for choice 0");
+});
+
+// Regression (twentieth session): the count of an answer's text asked the server's /tokenize with no
+// bound of its own, before the client had its answer (a stream's end, a whole answer's body): a
+// server stuck on it held both for the upstream's timeoutMs, 10 minutes by default.
+t.test("an answer waits on the server's /tokenize for its count only within a bound, then is counted without it", async (t) => {
+  const llama = await startLlamaCppDouble({ toolCalls: { name: 'lookup', arguments: '{"q": "tides at Brest"}' }, slots: 2, stallGeneratedTokenize: true });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] }, { answerCountTimeoutMs: 300 });
+  const body = { model: 'tiny', messages: [{ role: 'user', content: 'Tides?' }], tools: [{ type: 'function', function: { name: 'lookup' } }], n: 2, max_tokens: 100 };
+  const send = (extra: Json, conversation: string) =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation }, body: JSON.stringify({ ...body, ...extra }) });
+  const streamed = await send({ stream: true, stream_options: { include_usage: true } }, 'streamed');
+  t.equal(streamed.status, 200);
+  t.match(await streamed.text(), /data: \[DONE\]/, 'the stream ended');
+  const whole = await send({}, 'whole');
+  t.equal(whole.status, 200);
+  t.equal(((await whole.json()) as { choices: unknown[] }).choices.length, 2, 'the whole answer came');
+  const asked = llama.requests.filter((r) => r.path === '/tokenize' && (r.body as Json).add_special === false);
+  t.ok(asked.length >= 2, 'the server was asked, and never answered');
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  const firstChoice = llama.tokenize('<tool_call>\n{"name": "lookup", "arguments": {"q": "tides at Brest"}}\n</tool_call>').length;
+  for (const conversation of ['streamed', 'whole']) {
+    const row = rows.find((r) => r.conversation === conversation);
+    t.equal(row?.status, 200, `${conversation}: settled`);
+    t.ok(row!.generated_tokens! > firstChoice, `${conversation}: ${row!.generated_tokens} tokens, choice 0's ${firstChoice} and choice 1's counted without the server`);
+  }
 });
 
 t.test("a llama.cpp embeddings answer's usage, which counts every input, goes as the server wrote it", async (t) => {

@@ -31,7 +31,7 @@ interface Teardown {
 export async function startGateway(
   t: Teardown,
   raw: Record<string, unknown>,
-  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number; requestTimeoutMs?: number; propsTimeoutMs?: number; logStream?: NodeJS.WritableStream } = {},
+  opts: { env?: NodeJS.ProcessEnv; clock?: boolean; ledger?: Ledger; store?: 'sqlite'; staleReservationMs?: number; sweepIntervalMs?: number; openWithoutKeys?: boolean; settleRetryMs?: number; requestTimeoutMs?: number; propsTimeoutMs?: number; answerCountTimeoutMs?: number; logStream?: NodeJS.WritableStream } = {},
 ): Promise<TestGateway> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-test-'));
   const dbPath = join(dir, 'ledger.db');
@@ -55,6 +55,7 @@ export async function startGateway(
     settleRetryMs: opts.settleRetryMs,
     requestTimeoutMs: opts.requestTimeoutMs,
     propsTimeoutMs: opts.propsTimeoutMs,
+    answerCountTimeoutMs: opts.answerCountTimeoutMs,
     // Silent unless the test reads the log (`logStream`: every line at info and above).
     logger: opts.logStream ? { level: 'info', stream: opts.logStream } : undefined,
   });
