@@ -21,7 +21,7 @@ import type { TokenCounter } from '../../metering/types.js';
 import { utf8Prefix } from '../../metering/utf8-prefix.js';
 import { lastSegmentCut } from '../../metering/tokenizers/segment-count.js';
 import { transcriptOf } from '../../metering/runs/message-text.js';
-import { boundedSignal } from './count-answer.js';
+import { withinBound } from './count-answer.js';
 
 /** Bytes a token at most, for cutting a stream counted without a tokenizer. */
 export const CUT_BYTES_PER_TOKEN = 8;
@@ -195,17 +195,18 @@ export class OutputMeter {
     const calling = [...this.choices.values()].filter((c) => c.calls !== '' && !c.cut);
     if (calling.length === 0) return;
     // The client's stream ends after the last answer: every choice is asked at once, within a bound.
-    const signal = boundedSignal(asked.signal, asked.timeoutMs);
-    await Promise.all(
-      calling.map(async (c) => {
-        try {
-          const counted = await (this.counter.countGenerated?.(c.calls, signal) ?? this.counter.countText(c.calls, signal));
-          c.estimated += Math.max(0, counted.tokens - c.callChunks);
-          c.callChunks = counted.tokens;
-        } catch {
-          // the chunks' count stands
-        }
-      }),
+    await withinBound(asked.signal, asked.timeoutMs, (signal) =>
+      Promise.all(
+        calling.map(async (c) => {
+          try {
+            const counted = await (this.counter.countGenerated?.(c.calls, signal) ?? this.counter.countText(c.calls, signal));
+            c.estimated += Math.max(0, counted.tokens - c.callChunks);
+            c.callChunks = counted.tokens;
+          } catch {
+            // the chunks' count stands
+          }
+        }),
+      ),
     );
   }
 
