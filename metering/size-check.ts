@@ -150,9 +150,10 @@ function checkWindow(plan: PlanFigures, window: number, generates: boolean): Siz
   if (index < 0) return null;
   const row = rowFigure(plan, index);
   const prompt = row.tokens;
-  // A prompt exactly the window's size is not "more" than it: the one token it must leave to
-  // generate is, said in the shape of SPEC §11's second message.
-  const asks = allowance > 0 ? ` and max_tokens asks for ${allowance} more` : generates && prompt === window ? ' and 1 more to generate' : '';
+  // A prompt over the window is refused for itself, in the shape of SPEC §11's first message, whatever
+  // max_tokens asks; the output asked is named where it is what crosses the window. A prompt
+  // exactly the window's size is not "more" than it: the one token it must leave to generate is.
+  const asks = prompt > window ? '' : allowance > 0 ? ` and max_tokens asks for ${allowance} more` : generates && prompt === window ? ' and 1 more to generate' : '';
   const needs = row.kind === 'upper' ? `up to ${prompt}` : row.kind === 'lower' ? `at least ${prompt}` : `${prompt}`;
   const message = `request too large: the prompt needs ${needs} tokens${asks}, more than the model's context window of ${window} tokens` + why(row);
   return {

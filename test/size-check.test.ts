@@ -80,6 +80,19 @@ t.test('context_window_exceeded: an explicit allowance counts in full', async (t
   t.equal(second?.details.row_index, 1);
 });
 
+// Regression (twentieth session): a prompt over the window on its own was said in the second shape
+// whenever max_tokens was sent, so SPEC §11's first message never came from a request that named one.
+t.test('context_window_exceeded: a prompt over the window is said in the first shape, whatever max_tokens asks', async (t) => {
+  const r = checkSizes(plan({ kind: 'chat', rowTokens: [49], maxTokens: 30, contextWindow: 16 }), {}, 16);
+  t.equal(r?.message, "request too large: the prompt needs 49 tokens, more than the model's context window of 16 tokens");
+  t.same(r?.details, { row_index: 0, prompt_tokens: 49, allowance: 30, context_window: 16, count_method: 'tiktoken:o200k_base' }, 'the allowance asked is still in the details');
+  // At the window's size exactly, what max_tokens asks is what crosses it: said so.
+  t.equal(
+    checkSizes(plan({ kind: 'chat', rowTokens: [16], maxTokens: 30, contextWindow: 16 }), {}, 16)?.message,
+    "request too large: the prompt needs 16 tokens and max_tokens asks for 30 more, more than the model's context window of 16 tokens",
+  );
+});
+
 t.test('the checks run in SPEC order: the first failure answers', async (t) => {
   const everything = plan({ rowTokens: [...new Array<number>(1024).fill(2000), 40000], maxTokens: 10 });
   t.equal(checkSizes(everything, {}, 100)?.code, 'too_many_rows');
