@@ -240,9 +240,11 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
       app.log.warn({ upstream: u.name, models: mine.map((s) => s.model), routedTo: takenBy }, `upstreams[${at}] ("${u.name}"): an earlier upstream lists these of its models too, and takes them: requests for them never reach it`);
     }
   }
-  // A run budget below the default allowance refuses every request that names no max_tokens.
-  for (const [where, budget] of runBudgetsBelowDefault(config)) {
-    app.log.warn({ [where]: budget, 'defaults.maxTokens': config.defaults.maxTokens }, `${where} is below defaults.maxTokens: a request that names no max_tokens is refused (402) under it; lower defaults.maxTokens or raise the budget`);
+  // A run budget below a default allowance refuses every request that names no max_tokens.
+  for (const [setting, allowance] of defaultAllowancesInUse(config)) {
+    for (const [where, budget] of runBudgetsBelow(config, allowance)) {
+      app.log.warn({ [where]: budget, [setting]: allowance }, `${where} is below ${setting}: a request that names no max_tokens is refused (402) under it; lower ${setting} or raise the budget`);
+    }
   }
   if (opts.loadTokenizers) {
     const started = performance.now();
@@ -324,9 +326,15 @@ function clientErrorAnswer(err: NodeJS.ErrnoException, requestTimeoutMs: number)
   return [400, 'Bad Request', envelope('invalid_request', `the request is not valid HTTP: ${err.code ?? err.message}`, ERRORS.invalid_request.type)];
 }
 
-/** Run token budgets (`runs`, a tenant's, a key's) smaller than the default allowance, by where they are set. */
-function runBudgetsBelowDefault(config: Config): Array<[string, number]> {
-  const below = (b: number | null | undefined) => typeof b === 'number' && b < config.defaults.maxTokens;
+/** The default allowances some upstream gives, by the setting they come from: `defaults.maxTokens`, an upstream's `maxTokens`. */
+function defaultAllowancesInUse(config: Config): Array<[string, number]> {
+  const own = config.upstreams.flatMap((u, i): Array<[string, number]> => (u.maxTokens === null ? [] : [[`upstreams[${i}].maxTokens`, u.maxTokens]]));
+  return config.upstreams.some((u) => u.maxTokens === null) ? [['defaults.maxTokens', config.defaults.maxTokens], ...own] : own;
+}
+
+/** Run token budgets (`runs`, a tenant's, a key's) smaller than `allowance`, by where they are set. */
+function runBudgetsBelow(config: Config, allowance: number): Array<[string, number]> {
+  const below = (b: number | null | undefined) => typeof b === 'number' && b < allowance;
   const out: Array<[string, number]> = [];
   if (below(config.runs.tokenBudget)) out.push(['runs.tokenBudget', config.runs.tokenBudget!]);
   config.tenants.forEach((t, i) => below(t.runs?.tokenBudget) && out.push([`tenants[${i}].runs.tokenBudget`, t.runs!.tokenBudget!]));

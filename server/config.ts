@@ -20,6 +20,11 @@ export interface UpstreamConfig {
   billing: Billing;
   /** Overrides the window learnt from the server (llama.cpp `/props`). */
   contextWindow: number | null;
+  /**
+   * The allowance of a request to this upstream that names none; null: `defaults.maxTokens`.
+   * Reasoning models (o-series, gpt-5), whose hidden reasoning counts against it, want more.
+   */
+  maxTokens: number | null;
   /** False for a server that keeps no prompt cache: every request is then charged in full. */
   prefixCache: boolean;
   /** A previous request older than this shares nothing (providers drop cached prefixes). */
@@ -151,6 +156,7 @@ function readUpstream(r: Reader, names: Set<string>): UpstreamConfig {
     models: r.strList('models', ['*'], true)!,
     billing: r.oneOf('billing', ['local', 'plan', 'metered'] as const, kind === 'llamacpp' ? 'local' : 'metered')!,
     contextWindow: r.intOrNull('contextWindow', null, 1, 1 << 26) ?? null,
+    maxTokens: r.intOrNull('maxTokens', null, 1, 1 << 24) ?? null,
     prefixCache: r.bool('prefixCache', true)!,
     prefixCacheTtlSeconds: r.int('prefixCacheTtlSeconds', 300, 0, 86_400 * 30)!,
     tools: r.bool('tools', true)!,
@@ -158,6 +164,12 @@ function readUpstream(r: Reader, names: Set<string>): UpstreamConfig {
     connections: r.int('connections', 128, 1, 4096)!,
     allowanceField: readAllowanceField(r, kind!),
   };
+}
+
+/** The allowance a request that names none gets on `upstream`, and the setting it comes from (for messages). */
+export function defaultAllowance(config: Config, upstream: UpstreamConfig): { tokens: number; setting: string } {
+  if (upstream.maxTokens !== null) return { tokens: upstream.maxTokens, setting: `upstream "${upstream.name}" maxTokens` };
+  return { tokens: config.defaults.maxTokens, setting: 'defaults.maxTokens' };
 }
 
 function readAllowanceField(r: Reader, kind: UpstreamKind): UpstreamConfig['allowanceField'] {

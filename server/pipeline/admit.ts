@@ -12,6 +12,7 @@ import { isToolRound, ownerError, type Plan } from './plan.js';
 import { globToRegExp, type Upstream } from '../upstreams.js';
 import { capRoomOf, conversationFamily } from './budgets.js';
 import { runBudgetFor } from '../../metering/stores/admission-check.js';
+import { defaultAllowance } from '../config.js';
 
 export function reservationOf(plan: Plan): Reservation {
   return {
@@ -43,7 +44,7 @@ export function reservationOf(plan: Plan): Reservation {
   };
 }
 
-export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan, defaultMaxTokens: number): GatewayError {
+export function tokenBudgetError(remaining: number, needed: number, limit: number | null, plan: Plan, byDefault: { tokens: number; setting: string }): GatewayError {
   const whole = limit !== null && needed > limit;
   // A prompt count still an upper bound here could not be made exact (ADR 0019), or counts images
   // at the most they can cost (ADR 0022): say so, and why.
@@ -56,7 +57,7 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
   const why = rows.upperBound ? ` (the prompt is an upper bound: ${causes.join('; ')})` : '';
   // An allowance the client did not name is the gateway's default (per choice, or per row and
   // choice): said, so that the fix is plain.
-  const output = `max output ${plan.allowance}${defaultAllowanceWhy(plan, defaultMaxTokens)}`;
+  const output = `max output ${plan.allowance}${defaultAllowanceWhy(plan, byDefault)}`;
   const message = whole
     ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), more than the run's whole budget of ${limit} tokens${why}`
     : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;
@@ -141,18 +142,18 @@ function keepError(r: Extract<AdmitRefusal, { scope: 'keep' }>, plan: Plan): Gat
 }
 
 /** Where an allowance the request did not name came from, for a refusal's message ('' when it named one). */
-function defaultAllowanceWhy(plan: Plan, defaultMaxTokens: number): string {
+function defaultAllowanceWhy(plan: Plan, byDefault: { tokens: number; setting: string }): string {
   if (plan.valid.maxTokens !== null || plan.valid.kind === 'embeddings' || plan.perChoiceAllowance <= 0) return '';
   const per = plan.perChoiceAllowance;
   const times = plan.allowance / per;
   const cutBy = plan.mode === 'final-answer' ? "the run's budget and the model's window leave" : "the model's window leaves";
-  const each = per === defaultMaxTokens ? `defaults.maxTokens ${per}` : `${per}, the default cut to what ${cutBy}`;
+  const each = per === byDefault.tokens ? `${byDefault.setting} ${per}` : `${per}, the default cut to what ${cutBy}`;
   return `: ${each}${times > 1 ? ` × ${times}` : ''}, as the request named no max_tokens`;
 }
 
 /** The error a refused admission answers with (the real request and /v1/admission alike). */
 export async function refusalError(gw: Gateway, plan: Plan, r: AdmitRefusal): Promise<GatewayError> {
-  if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan, gw.config.defaults.maxTokens);
+  if (r.scope === 'run') return tokenBudgetError(r.remainingTokens, r.neededTokens, r.limitTokens, plan, defaultAllowance(gw.config, plan.upstream.config));
   if (r.scope === 'keep') return keepError(r, plan);
   if (r.scope === 'nesting') return nestingError(plan, r.limitAncestors);
   if (r.scope === 'owner') return ownerError(r.conversation, r.conversation === plan.conversation ? 'x-tollgate-conversation' : 'x-tollgate-parent');
@@ -167,7 +168,7 @@ export async function unpricedUnderLimit(gw: Gateway, plan: Plan): Promise<boole
 /** The refusal this plan would get now, without reserving anything (for /v1/admission too). */
 export async function precheck(gw: Gateway, plan: Plan): Promise<GatewayError | null> {
   if (plan.tokenRefusal) {
-    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan, gw.config.defaults.maxTokens);
+    return tokenBudgetError(plan.tokenRefusal.remainingTokens, plan.tokenRefusal.neededTokens, runBudgetFor(plan.runState?.budgetTokens, plan.bounds.tokenBudget), plan, defaultAllowance(gw.config, plan.upstream.config));
   }
   if (await unpricedUnderLimit(gw, plan)) {
     // What costs less than a price no one knows: only models that spend no money (local, plan).

@@ -7,6 +7,7 @@ import { GatewayError, stoppedByShutdown } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import type { Principal } from '../auth.js';
 import type { Upstream } from '../upstreams.js';
+import { defaultAllowance } from '../config.js';
 import { mayAnswerInAudio, planCountMethod, type ValidRequest } from './endpoints.js';
 import { TEMPLATE_FIELDS, type ChatCount, type ChatMessage, type KnownPrefix, type TokenCounter } from '../../metering/types.js';
 import type { ConversationHead, RunState } from '../../metering/ledger.js';
@@ -401,7 +402,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       textUpperBound: c.textUpperBound,
       maxTokens: valid.maxTokens,
       n: valid.generations,
-      defaultMaxTokens: gw.config.defaults.maxTokens,
+      defaultMaxTokens: defaultAllowance(gw.config, upstream.config).tokens,
       contextWindow,
     });
   let rows = rowsOf(counted);
@@ -531,7 +532,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       const promptTokensFinal = counted.rowTokens[0]!;
       promptCharge = promptChargeFor(promptTokensFinal, shared);
       const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
-      const caps = [valid.maxTokens ?? gw.config.defaults.maxTokens];
+      const caps = [valid.maxTokens ?? defaultAllowance(gw.config, upstream.config).tokens];
       if (room !== null) caps.push(Math.floor(room / valid.n));
       // The window, as for a default allowance, after the prompt's images at their least (ADR 0022).
       if (contextWindow !== null) caps.push(contextWindow - (promptTokensFinal - (counted.rowImageSlack[0] ?? 0)));
@@ -545,7 +546,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
         textUpperBound: counted.textUpperBound,
         maxTokens: caps.length === 1 ? valid.maxTokens : Math.max(1, Math.min(...caps)),
         n: valid.generations,
-        defaultMaxTokens: gw.config.defaults.maxTokens,
+        defaultMaxTokens: defaultAllowance(gw.config, upstream.config).tokens,
         contextWindow,
       });
       // A final request that cannot fit the window or the size limits itself is not sent: the run

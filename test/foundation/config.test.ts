@@ -27,6 +27,9 @@ t.test('errors name the bad field', async (t) => {
     'the second upstream, by index',
   );
   t.match(configError({ upstreams: [upstream({ baseUrl: 'not a url' })] }), /^upstreams\[0\]\.baseUrl: must be a URL/);
+  t.match(configError({ upstreams: [upstream({ maxTokens: 0 })] }), /^upstreams\[0\]\.maxTokens: must be an integer from 1 to/);
+  t.equal(parseConfig({ upstreams: [upstream({ maxTokens: 32768 })] }, {}).upstreams[0]!.maxTokens, 32768, "an upstream's own default allowance");
+  t.equal(parseConfig({ upstreams: [upstream()] }, {}).upstreams[0]!.maxTokens, null, 'none: defaults.maxTokens');
   t.match(configError({ upstream: [] }), /^upstream: unknown field/, 'a misspelt top-level field is not ignored');
   // A file that holds JSON null is no configuration (regression: the zero-config default was served).
   t.equal(configError(null), '(config): must be an object');
