@@ -41,11 +41,19 @@ export const NOTHING_USED = { prompt_tokens: 0, completion_tokens: 0, total_toke
 /**
  * The figures of the usage chunk the gateway writes at a stream's end: the upstream's, but the
  * gateway's own where there are none (a stream cut short, a server that sent none) or they are
- * known short (llama.cpp counts one row and one choice).
+ * known short (llama.cpp counts one row and one choice). The gateway's own carry their labels, as
+ * every count does (SPEC §2): `count_method` for the prompt's, `output_method` for the output's —
+ * a byte estimate is never to be taken for the provider's metering.
  */
 export function usageChunkFigures(plan: Plan, upstream: Record<string, unknown> | null, settled: Settled): Record<string, unknown> {
   if (upstream && !usageUnderReported(plan)) return upstream;
-  return { prompt_tokens: plan.rows.sumTokens, completion_tokens: settled.generated, total_tokens: plan.rows.sumTokens + settled.generated };
+  return {
+    prompt_tokens: plan.rows.sumTokens,
+    completion_tokens: settled.generated,
+    total_tokens: plan.rows.sumTokens + settled.generated,
+    count_method: plan.rows.countMethod,
+    output_method: settled.outputMethod,
+  };
 }
 
 /** A stream's closing comment (SPEC §11): the settled figures, the notices, and whether the excerpt answered. */

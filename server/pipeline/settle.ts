@@ -41,6 +41,8 @@ export interface Outcome {
 
 export interface Settled {
   generated: number;
+  /** How `generated` was known (the ledger's `output_method`). */
+  outputMethod: string;
   chargeTokens: number;
   refundTokens: number;
   costUsd: number | null;
@@ -263,7 +265,7 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   }
   // A plan turn spends no money, priced or not (ADR 0006): the client is told 0, as the ledger says.
   // What a missing list price leaves unknown is its "of work" value, not its cost.
-  return { ...tokens, costUsd: cost.costUsd, savedUsd: cost.savedUsd, notices };
+  return { ...tokens, outputMethod, costUsd: cost.costUsd, savedUsd: cost.savedUsd, notices };
 }
 
 /** The "pricier" notice is decided at planning time, from the conversation's last reply. */

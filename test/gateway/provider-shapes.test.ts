@@ -416,6 +416,20 @@ t.test('a model counted by the byte estimate: a provider figure of 0 for text th
   t.match((await rows(gw)).at(-1), { generated_tokens: 96, output_method: 'provider' }, '4,000 dashes the provider says are 96 tokens');
 });
 
+// Regression (twentieth session): a stream whose upstream sent no usage got a usage chunk of byte
+// estimates, unlabelled, where a client (or its framework) takes usage for the provider's metering.
+t.test("the gateway's own figures in a usage chunk say how each was counted: an estimate is labelled one", async (t) => {
+  const { gw } = await scripted(t, () => ({ stream: true, pieces: [chunk({ content: 'Bonjour à tous' }), finish(), DONE] }), {}, { models: ['*'] });
+  const estimated = dataEvents(t, (await post(gw, { ...ask({ stream: true, stream_options: { include_usage: true } }), model: 'mistral-large' })).text);
+  const usage = estimated.find((e) => e.usage)?.usage as Json;
+  t.match(usage, { count_method: 'estimate:bytes', output_method: 'estimate:bytes' }, 'no tokenizer here: both are estimates, and say so');
+  t.equal(usage.total_tokens, (usage.prompt_tokens as number) + (usage.completion_tokens as number));
+  const counted = dataEvents(t, (await post(gw, ask({ stream: true, stream_options: { include_usage: true } }))).text);
+  t.match(counted.find((e) => e.usage)?.usage, { count_method: 'tiktoken:o200k_base', output_method: 'tiktoken:o200k_base' }, "gpt-4o-mini: the gateway's exact counts, labelled");
+  const row = (await rows(gw)).at(-1)!;
+  t.equal(row.output_method, 'tiktoken:o200k_base', 'as the ledger labels them');
+});
+
 t.test("DeepSeek's cache hits (prompt_cache_hit_tokens) are the cached tokens", async (t) => {
   const answer = { ...ID, object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1000, completion_tokens: 1, total_tokens: 1001, prompt_cache_hit_tokens: 900, prompt_cache_miss_tokens: 100 } };
   const { gw } = await scripted(t, () => ({ stream: false, pieces: [JSON.stringify(answer)] }));
