@@ -16,7 +16,7 @@ import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast } f
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
-import { sha256Hex, canonicalJson } from '../../metering/canonical-json.js';
+import { sha256Hex } from '../../metering/canonical-json.js';
 import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
@@ -177,7 +177,9 @@ function toolHashOf(valid: ValidRequest): string {
   if (!valid.tools && choice === undefined && format === undefined) return '';
   // A structured-output schema is read with the tools, before the messages: part of the offer.
   const offer = { tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) };
-  return sha256Hex(canonicalJson(offer));
+  // As sent, keys in their order: a template prints the tools' JSON as it came (llama.cpp's
+  // `tojson`), so the same tools with their keys reordered are another prompt, cached or not.
+  return sha256Hex(JSON.stringify(offer));
 }
 
 /** The structured-output schema of a chat request (`response_format.json_schema`), if it has one. */

@@ -145,9 +145,19 @@ t.test('a shared prefix is charged once; unused output is refunded', async (t) =
   const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
   const r4 = await send({ ...turn2, tools, messages: [...turn2.messages, { role: 'assistant', content: 'x' }, { role: 'user', content: 'z' }] }, { 'x-tollgate-conversation': r1.conversation! });
   t.equal(r4.shared, 0, 'tool offer change → full charge');
+  // The same tools sent again share the prefix; with their keys in another order they are another
+  // prompt — a template prints them as they came — and share nothing (regression: hashed as
+  // canonical JSON, the reordered offer was credited what the server did not reuse).
+  const turn4 = [...turn2.messages, { role: 'assistant', content: 'x' }, { role: 'user', content: 'z' }];
+  const turn5 = [...turn4, { role: 'assistant', content: 'w' }, { role: 'user', content: 'v' }];
+  const r5 = await send({ ...turn2, tools, messages: turn5 }, { 'x-tollgate-conversation': r1.conversation! });
+  t.ok(r5.shared > 0, 'the same offer: shared');
+  const reordered = [{ function: { parameters: { properties: {}, type: 'object' }, name: 'search' }, type: 'function' }];
+  const r6 = await send({ ...turn2, tools: reordered, messages: [...turn5, { role: 'assistant', content: 'u' }, { role: 'user', content: 't' }] }, { 'x-tollgate-conversation': r1.conversation! });
+  t.equal(r6.shared, 0, 'the same tools, keys reordered → full charge');
   // 4. the ledger records charge, refund and the invariant holds per run
   const rows = await ledgerRows(gw);
-  t.equal(rows.length, 4);
+  t.equal(rows.length, 6);
   for (const row of rows) {
     t.equal(row.state, 'settled');
     t.equal(row.reserved_tokens, (row.charge_tokens ?? 0) + (row.refund_tokens ?? 0), 'reserved = charge + refund');
