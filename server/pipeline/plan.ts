@@ -515,29 +515,35 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       forwardBody = toFinalAnswerRequest(valid.body as { messages: ChatMessage[] } & Record<string, unknown>);
       const finalMessages = forwardBody.messages as ChatMessage[];
       counted = await countAll(gw, upstream, valid, finalMessages, undefined, counter);
-      // The gateway removed the tools itself: the leading messages are still what the model read
-      // before, so the charge is measured on messages alone (ADR 0004).
-      const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
-      shared = sharedPrefixTokens({
-        head: head ? { ...head, toolHash: '', prefix: withoutTools(head.prefix) } : null,
-        chain,
-        prefix: counted.chat ? withoutTools(counted.chat.prefix) : null,
-        model: valid.model,
-        toolHash: '',
-        now: readAt,
-        upstream: cache,
-      });
       // The answer uses the reserve: its allowance is what the run has left after its prompt, and
       // what the window leaves after the rewritten prompt (the gateway's instruction is longer than
       // the tools it removed, at times). The allowance is then explicit, so it is set within both
       // here; at least 1, and an answer the upstream then refuses ends with the evidence excerpt.
       const promptTokensFinal = counted.rowTokens[0]!;
-      promptCharge = promptChargeFor(promptTokensFinal, shared);
-      const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
       const caps = [valid.maxTokens ?? defaultAllowance(gw.config, upstream.config).tokens];
-      if (room !== null) caps.push(Math.floor(room / valid.n));
       // The window, as for a default allowance, after the prompt's images at their least (ADR 0022).
       if (contextWindow !== null) caps.push(contextWindow - (promptTokensFinal - (counted.rowImageSlack[0] ?? 0)));
+      // Without its tools the prompt is another from its start: the model reads it all again, and
+      // it is charged in full (SPEC §4) where that fits with the answer it asks for. Where it does
+      // not, the leading messages are credited as if the offer had not changed — a run near its
+      // budget could otherwise never be answered (ADR 0004).
+      const wanted = Math.max(1, Math.min(...caps)) * valid.n;
+      if (remaining === null || promptTokensFinal + wanted <= remaining) shared = 0;
+      else {
+        const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
+        shared = sharedPrefixTokens({
+          head: head ? { ...head, toolHash: '', prefix: withoutTools(head.prefix) } : null,
+          chain,
+          prefix: counted.chat ? withoutTools(counted.chat.prefix) : null,
+          model: valid.model,
+          toolHash: '',
+          now: readAt,
+          upstream: cache,
+        });
+      }
+      promptCharge = promptChargeFor(promptTokensFinal, shared);
+      const room = remaining === null ? null : Math.max(0, remaining - promptCharge);
+      if (room !== null) caps.push(Math.floor(room / valid.n));
       rows = planRows({
         kind: valid.kind,
         rowTokens: counted.rowTokens,

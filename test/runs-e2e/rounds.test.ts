@@ -48,6 +48,10 @@ for (const stream of [false, true]) {
     t.equal(answer.toolCalls.length, 0);
     t.equal(answer.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
     t.equal(answer.headers.get('x-tollgate-fallback'), null);
+    // Its prompt without the tools is another from its start, and the run has room: charged in
+    // full, as the model reads it (regression: credited the leading messages all the same).
+    t.ok(Number(run.turns[1]!.headers.get('x-tollgate-shared-prefix-tokens')) > 0, 'a tool round shares the prefix');
+    t.equal(answer.headers.get('x-tollgate-shared-prefix-tokens'), '0', 'the final answer shares nothing');
 
     // 5. One conversation throughout (inferred or named).
     const convs = new Set(run.turns.map((x) => x.headers.get('x-tollgate-conversation')));

@@ -145,6 +145,8 @@ t.test('a max_tokens larger than the answer reserve still ends in an answer, not
   const rows = await ledgerRows(gw.url);
   const charged = rows.reduce((n, r) => n + r.charge_tokens, 0);
   t.ok(charged <= budget, `charged ${charged} ≤ ${budget}`);
+  // Charged in full, the prompt would leave the answer no room: the leading messages are credited (ADR 0004).
+  t.ok(Number(answer.headers.get('x-tollgate-shared-prefix-tokens')) > 0, 'near the budget, the final answer keeps the credit');
 });
 
 t.test('a run budget no larger than the default reserve (1,024) sends tools requests as the final answer; a smaller reserve set beside it keeps tool rounds', async (t) => {
