@@ -143,6 +143,19 @@ export function normaliseUpstreamError(status: number, text: string, upstream: s
 }
 
 /**
+ * An upstream's refusal of a prompt past its context window, in the words servers use: llama.cpp's
+ * `exceed_context_size_error` (fixtures/llamacpp: error-context-overflow-chat), OpenAI's
+ * `context_length_exceeded`, and the "maximum context length" vLLM and others write.
+ */
+export function isContextOverflow(status: number, body: Record<string, unknown>): boolean {
+  if (status !== 400 && status !== 413) return false;
+  const error = body.error as { message?: unknown; type?: unknown; code?: unknown } | undefined;
+  if (error === undefined) return false;
+  if (error.type === 'exceed_context_size_error' || error.code === 'exceed_context_size_error' || error.code === 'context_length_exceeded') return true;
+  return typeof error.message === 'string' && /maximum context length|exceeds the available context size/i.test(error.message);
+}
+
+/**
  * An upstream error that the same request will meet again, from a llama.cpp server: its 500 for an
  * embeddings input past its physical batch size (fixtures/llamacpp: emb-error-embeddings-overflow),
  * and its 501 for what it was not started to do (error-embeddings-not-enabled). They keep their

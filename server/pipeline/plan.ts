@@ -110,10 +110,11 @@ export function isToolRound(plan: Plan): boolean {
 }
 
 /**
- * Whether a request refused for its size is answered instead: a chat research round (it offers
- * tools) in a run whose tools have already run, so there is evidence to answer from.
+ * Whether a request refused for its size — by the gateway, or by the upstream for a window the
+ * gateway did not know — is answered instead: a chat research round (it offers tools) in a run
+ * whose tools have already run, so there is evidence to answer from.
  */
-function answersInstead(valid: ValidRequest, writeTools: readonly string[]): boolean {
+export function answersInstead(valid: ValidRequest, writeTools: readonly string[]): boolean {
   if (valid.kind !== 'chat' || !valid.messages) return false;
   if (valid.tools === null && !Array.isArray(valid.body.functions)) return false;
   return inspectRun(valid.messages, writeTools).toolRounds > 0;
@@ -341,6 +342,11 @@ export interface PlanOptions {
    * decision rested on an upper bound (server/pipeline/plan-exact.ts).
    */
   exact?: boolean;
+  /**
+   * The upstream refused the request as sent for its context window, which the gateway did not
+   * know: a research round after tools then goes as its final answer, as one past a known window does.
+   */
+  outgrown?: boolean;
 }
 
 /** A request with more than this many times `limits.maxRows` rows is refused without counting any. */
@@ -423,7 +429,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // A research round that outgrew the window (or a size limit) after tools have run is answered
   // instead: the run goes to its tools-free final answer (seed 001, SPEC §5: a run always ends in
   // an answer). A first request too large, or one that is itself an answer, is refused as before.
-  const outgrown = toolsPastFloor || (sizeRefusal !== null && answersInstead(valid, gw.config.runs.writeTools));
+  const outgrown = toolsPastFloor || ((sizeRefusal !== null || opts.outgrown === true) && answersInstead(valid, gw.config.runs.writeTools));
   if (outgrown) sizeRefusal = null;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);

@@ -10,10 +10,10 @@ import { GatewayError, envelope, quotingUpstream, stoppedByShutdown } from '../e
 import { upstreamHeaders } from './upstream-headers.js';
 import { redactBodyText, redactText } from './upstream-key.js';
 import { validateRequest, type EndpointKind } from './endpoints.js';
-import { planHeaders, type Plan } from './plan.js';
+import { answersInstead, planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
-import { badUpstreamResponse, forward, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal } from './forward.js';
+import { badUpstreamResponse, forward, isContextOverflow, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter } from './output-meter.js';
@@ -62,8 +62,20 @@ async function planAndRelay(
   t0: number,
 ): Promise<void> {
   const headers = planHeaders(request.raw);
-  const planOnce = () => planRequest(gw, valid, principal, headers);
-  const plan = await admit(gw, await planOnce(), planOnce);
+  // A research round the upstream refused for a window the gateway did not know is planned once
+  // more, as its final answer (seed 001: a run ends in an answer); its first attempt is refunded.
+  let outgrown = false;
+  for (;;) {
+    const planOnce = () => planRequest(gw, valid, principal, headers, outgrown ? { outgrown: true } : {});
+    const plan = await admit(gw, await planOnce(), planOnce);
+    const ended = await relayPlan(gw, kind, request, reply, plan, t0);
+    if (ended !== 'outgrown' || outgrown) return;
+    outgrown = true;
+  }
+}
+
+/** Stages 5–7 for an admitted plan, settled whatever happens. */
+async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply, plan: Plan, t0: number): Promise<'outgrown' | void> {
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
   const once: Once = { settling: false, log: null };
@@ -75,7 +87,7 @@ async function planAndRelay(
   // Admitted after the deadline (the ledger was slow): stopped before it is sent, refunded whole.
   if (gw.drain.signal.aborted) onDrain();
   try {
-    await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
+    return await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
   } catch (caught) {
     const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? stoppedByShutdown() : caught;
     if (!once.settling) {
@@ -139,7 +151,7 @@ async function relayAdmitted(
   t0: number,
   once: Once,
   abort: AbortController,
-): Promise<void> {
+): Promise<'outgrown' | void> {
   const settle: typeof settleOutcome = (...args) => {
     once.settling = true;
     return settleOutcome(...args);
@@ -266,12 +278,19 @@ async function relayAdmitted(
 
   if (res.statusCode >= 400) {
     const text = await errorText(plan, res);
+    const body = normaliseUpstreamError(res.statusCode, text, plan.upstream.name);
+    if (plan.mode === 'normal' && isContextOverflow(res.statusCode, body) && answersInstead(plan.valid, gw.config.runs.writeTools)) {
+      // Past a window the gateway did not know (no contextWindow, no /props): refunded whole, and
+      // planned again as the run's final answer (planAndRelay), as a round past a known one is.
+      await refundedFailure(res.statusCode);
+      request.log.info({ id: plan.id, upstream: plan.upstream.name, status: res.statusCode }, 'the upstream refused a research round for its context window: sent as the final answer');
+      return 'outgrown';
+    }
     const failed = await refundedFailure(res.statusCode);
     if (!failed) return;
     finishLog(res.statusCode);
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).
-    const body = normaliseUpstreamError(res.statusCode, text, plan.upstream.name);
     const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
     reply
       .code(res.statusCode)

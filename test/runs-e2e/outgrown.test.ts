@@ -93,3 +93,62 @@ t.test('a request too large with no tool results to answer from is refused as be
   t.equal(answer.res.status, 413);
   t.equal(chatRequests(upstream).length, 0);
 });
+
+// Regression (twentieth session): with the window unknown here (an openai-kind upstream with no
+// contextWindow, a llama.cpp server whose /props is away), a research round the server refused for
+// its context reached the client as the server's 400: the run ended in an error, not an answer.
+t.test("a round the upstream refuses for a window the gateway did not know goes as the final answer, or ends with the excerpt", async (t) => {
+  const { startLlamaCppDouble } = await import('../doubles/llamacpp.js');
+  const llama = await startLlamaCppDouble({ nCtx: 4096, completionTokens: 5, toolCalls: (body) => (Array.isArray(body.tools) ? { name: 'search', arguments: '{}' } : null) });
+  t.teardown(llama.close);
+  // No contextWindow, and not the llamacpp kind: nothing here knows the server's window.
+  const gw = await startGateway(t, { upstreams: [{ name: 'box', kind: 'openai', baseUrl: `${llama.url}/v1`, models: ['*'], billing: 'local' }] });
+  const long = (words: number) => ' word'.repeat(words); // a token each, as the server counts
+  // Tools whose description fills half the window: the round fits before the result, not after.
+  const bigTools = [{ type: 'function', function: { name: 'search', description: `Search.${long(1800)}`, parameters: { type: 'object', properties: {} } } }];
+  const post = async (conversation: string, messages: Json[]) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation },
+      body: JSON.stringify({ model: 'tiny', messages, tools: bigTools, max_tokens: 50 }),
+    });
+    return { res, body: (await res.json()) as Json };
+  };
+  const round = (result: string): Json[] => [
+    { role: 'user', content: 'Survey the field.' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+    { role: 'tool', tool_call_id: 'c1', content: result },
+  ];
+  const first = await post('answered', [{ role: 'user', content: 'Survey the field.' }]);
+  t.equal(first.res.status, 200, 'the first round fits');
+
+  // 1. The tools take it past the window; without them the answer fits: the model answers.
+  const before = llama.requests.filter((r) => r.path === '/v1/chat/completions').length;
+  const answered = await post('answered', round(`found:${long(2400)}`));
+  t.equal(answered.res.status, 200);
+  t.equal(answered.res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  t.equal(answered.res.headers.get('x-tollgate-fallback'), null, "the model's own answer");
+  const sent = llama.requests.filter((r) => r.path === '/v1/chat/completions').slice(before);
+  t.equal(sent.length, 2, 'the round as sent, then its final answer');
+  t.ok(Array.isArray((sent[0]!.body as Json).tools), 'the round offered its tools');
+  t.notOk('tools' in (sent[1]!.body as Json), 'the final answer offered none');
+  t.match(((answered.body.choices as Json[])[0]!.message as Json).content, /\S/);
+
+  // 2. The result alone is past the window: the final answer is refused too, and the excerpt answers.
+  const excerpt = await post('excerpt', round(`found:${long(4200)}`));
+  t.equal(excerpt.res.status, 200);
+  t.equal(excerpt.res.headers.get('x-tollgate-fallback'), 'evidence-excerpt');
+  t.match(((excerpt.body.choices as Json[])[0]!.message as Json).content, new RegExp(`^${EXCERPT_FIRST_LINE.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
+
+  // The refused attempts were refunded whole: their rows charge nothing.
+  const rows: Json[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row as unknown as Json);
+  const refused = rows.filter((r) => r.status === 400);
+  t.equal(refused.length, 2, 'one refused round in each run');
+  t.ok(refused.every((r) => r.charge_tokens === 0), 'each refunded whole');
+
+  // A first request too large, with no tool results to answer from, is the server's 400 as before.
+  const tooLarge = await post('first', [{ role: 'user', content: long(4200) }]);
+  t.equal(tooLarge.res.status, 400);
+  t.match(tooLarge.body, { error: { type: 'exceed_context_size_error' } });
+});
