@@ -21,16 +21,16 @@ export function outputCounting(plan: Plan, counterMethod: string): OutputCountin
  * server's own tokenizer is asked only where its usage cannot be trusted (a prompt array, n > 1,
  * choices past n), and within `asked.timeoutMs`. A text that could not be counted is estimated, and
  * the count is labelled so; an estimate is capped at the choice's allowance, as a stream's is
- * (ADR 0004). `first` is the first choice's part of `tokens`: a llama.cpp server's own figure for
- * a prompt array or n > 1 covers that choice alone (settle.ts).
+ * (ADR 0004). `first` is the first choice's part of `tokens` (undefined where no choice is numbered
+ * 0): a llama.cpp server's own figure for a prompt array or n > 1 covers that choice alone (settle.ts).
  */
 export async function countAnswer(
   plan: Plan,
   counter: TokenCounter,
   json: { texts: string[]; firstChoice: number; usage: Record<string, unknown> | null; unaskedChoices: boolean },
   asked: { signal: AbortSignal; timeoutMs: number },
-): Promise<{ tokens: number; first: number; method: string }> {
-  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, first: 0, method: counter.method };
+): Promise<{ tokens: number; first: number | undefined; method: string }> {
+  if (counter.method === 'llamacpp' && !json.unaskedChoices && providerOutputTrusted(plan, json.usage)) return { tokens: 0, first: undefined, method: counter.method };
   let upperBound = false;
   let estimated = counter.method === 'estimate:bytes';
   const countAll = (signal?: AbortSignal) =>
@@ -51,7 +51,7 @@ export async function countAnswer(
   const counts = counter.countGenerated ? await withinBound(asked.signal, asked.timeoutMs, countAll) : await countAll();
   const capped = counter.method === 'estimate:bytes' ? counts.map((n) => Math.min(n, plan.perChoiceAllowance)) : counts;
   const method = estimated ? 'estimate:bytes' : upperBound ? `${counter.method}:upper-bound` : counter.method;
-  return { tokens: capped.reduce((a, b) => a + b, 0), first: capped[json.firstChoice] ?? 0, method };
+  return { tokens: capped.reduce((a, b) => a + b, 0), first: json.firstChoice < 0 ? undefined : capped[json.firstChoice], method };
 }
 
 /**

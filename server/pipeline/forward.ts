@@ -155,6 +155,14 @@ export function isContextOverflow(status: number, body: Record<string, unknown>)
   return typeof error.message === 'string' && /maximum context length|exceeds the available context size/i.test(error.message);
 }
 
+/** The window a context refusal names: llama.cpp's `n_ctx`, or "maximum context length is N tokens". */
+export function windowInOverflow(body: Record<string, unknown>): number | null {
+  const error = body.error as { message?: unknown; n_ctx?: unknown } | undefined;
+  if (typeof error?.n_ctx === 'number' && Number.isSafeInteger(error.n_ctx) && error.n_ctx > 0) return error.n_ctx;
+  const said = typeof error?.message === 'string' ? /maximum context length is (\d{1,9}) tokens/i.exec(error.message) : null;
+  return said ? Number(said[1]) : null;
+}
+
 /**
  * An upstream error that the same request will meet again, from a llama.cpp server: its 500 for an
  * embeddings input past its physical batch size (fixtures/llamacpp: emb-error-embeddings-overflow),

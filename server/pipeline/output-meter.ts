@@ -234,10 +234,10 @@ export class OutputMeter {
     return sum;
   }
 
-  /** Tokens generated so far by the choice of `index` (0 when it wrote nothing), as `total` counts them. */
-  choiceTotal(index: number): number {
+  /** Tokens generated so far by the choice of `index` (undefined when it wrote nothing), as `total` counts them. */
+  choiceTotal(index: number): number | undefined {
     const c = this.choices.get(index);
-    return c === undefined ? 0 : this.tokensOf(c);
+    return c === undefined ? undefined : this.tokensOf(c);
   }
 
   private tokensOf(c: ChoiceMeter): number {

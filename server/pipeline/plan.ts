@@ -16,7 +16,7 @@ import { checkSizes, messageFloorRefusal, tooManyRows, toolParametersAtLeast } f
 import { inspectRun, chainHashes, runKey, type RunInspection } from '../../metering/runs/run-state.js';
 import { answerReserveFor, decideMode, mergeRunBounds, type RunBounds, type FinalReason } from '../../metering/runs/bounds.js';
 import { toFinalAnswerRequest } from '../../metering/runs/final-answer.js';
-import { sha256Hex } from '../../metering/canonical-json.js';
+import { sha256Hex, canonicalJson } from '../../metering/canonical-json.js';
 import { uuidV7 } from '../../metering/ids.js';
 import { sharedPrefixTokens, promptChargeFor } from '../../metering/charge.js';
 import type { ModelPrice } from '../../pricing/model-price.js';
@@ -183,6 +183,20 @@ function toolHashOf(valid: ValidRequest): string {
   return sha256Hex(JSON.stringify(offer));
 }
 
+/**
+ * The offer's hash as heads written before the twentieth session hold it (canonical JSON). A head
+ * holding it is taken for the same offer when it matches, so that no conversation open at the
+ * upgrade is charged in full on its next turn for a change of hashing alone. The two never collide:
+ * canonical JSON puts `tool_choice` before `tools`, the offer as sent the other way round.
+ */
+function legacyToolHashOf(valid: ValidRequest, offerHash: string): string {
+  if (offerHash === '') return '';
+  const body = valid.body;
+  const choice = body.tool_choice ?? body.function_call;
+  const format = formatOf(body);
+  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) }));
+}
+
 /** The structured-output schema of a chat request (`response_format.json_schema`), if it has one. */
 function formatOf(body: Record<string, unknown>): unknown {
   const rf = body.response_format;
@@ -343,10 +357,11 @@ export interface PlanOptions {
    */
   exact?: boolean;
   /**
-   * The upstream refused the request as sent for its context window, which the gateway did not
-   * know: a research round after tools then goes as its final answer, as one past a known window does.
+   * The upstream refused the request as sent for its context window: a research round after tools
+   * then goes as its final answer, as one past a known window does — within the window the refusal
+   * named, where the gateway knew none.
    */
-  outgrown?: boolean;
+  outgrown?: { contextWindow: number | null };
 }
 
 /** A request with more than this many times `limits.maxRows` rows is refused without counting any. */
@@ -358,7 +373,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   if (!upstream) {
     throw new GatewayError('model_not_found', `The model \`${valid.model}\` does not exist or is not served by this gateway`, {}, 'model');
   }
-  const contextWindow = await gw.counters.contextWindow(upstream, valid.model);
+  const contextWindow = (await gw.counters.contextWindow(upstream, valid.model)) ?? opts.outgrown?.contextWindow ?? null;
 
   // 1. Rows and their tokens; the 413 checks in SPEC §11's order. Leading messages this process
   // has seen in an earlier turn keep their chain and counts (metering/prefix-memo.ts).
@@ -429,7 +444,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // A research round that outgrew the window (or a size limit) after tools have run is answered
   // instead: the run goes to its tools-free final answer (seed 001, SPEC §5: a run always ends in
   // an answer). A first request too large, or one that is itself an answer, is refused as before.
-  const outgrown = toolsPastFloor || ((sizeRefusal !== null || opts.outgrown === true) && answersInstead(valid, gw.config.runs.writeTools));
+  const outgrown = toolsPastFloor || ((sizeRefusal !== null || opts.outgrown !== undefined) && answersInstead(valid, gw.config.runs.writeTools));
   if (outgrown) sizeRefusal = null;
   if (sizeRefusal) {
     const err = new GatewayError(sizeRefusal.code, sizeRefusal.message, sizeRefusal.details);
@@ -484,7 +499,9 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // the counts differ where the renderings do not. (A final answer below is measured on its
   // messages alone, the server's rendering of the tools aside.)
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
-  let shared = sharedPrefixTokens({ head, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: readAt, upstream: cache, renderedByServer });
+  // A head written under the old hashing of the same offer is this offer (legacyToolHashOf).
+  const sameOfferHead = head && head.toolHash !== toolHash && head.toolHash === legacyToolHashOf(valid, toolHash) ? { ...head, toolHash } : head;
+  let shared = sharedPrefixTokens({ head: sameOfferHead, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: readAt, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const runBudget = runBudgetFor(runState?.budgetTokens, bounds.tokenBudget);
   const remaining = runBudget === null ? null : runBudget - (runState?.usedTokens ?? 0);
@@ -530,11 +547,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       // The window, as for a default allowance, after the prompt's images at their least (ADR 0022).
       if (contextWindow !== null) caps.push(contextWindow - (promptTokensFinal - (counted.rowImageSlack[0] ?? 0)));
       // Without its tools the prompt is another from its start: the model reads it all again, and
-      // it is charged in full (SPEC §4) where that fits with the answer it asks for. Where it does
-      // not, the leading messages are credited as if the offer had not changed — a run near its
-      // budget could otherwise never be answered (ADR 0004).
-      const wanted = Math.max(1, Math.min(...caps)) * valid.n;
-      if (remaining === null || promptTokensFinal + wanted <= remaining) shared = 0;
+      // it is charged in full (SPEC §4) where that still leaves the answer the run's reserve (or
+      // what it asks for, if less). Where it does not, the leading messages are credited as if the
+      // offer had not changed — a run near its budget could otherwise never be answered (ADR 0004).
+      const answerRoom = Math.max(1, Math.min(...caps, answerReserveFor(bounds))) * valid.n;
+      if (remaining === null || promptTokensFinal + answerRoom <= remaining) shared = 0;
       else {
         const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));
         shared = sharedPrefixTokens({

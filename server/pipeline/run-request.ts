@@ -13,7 +13,7 @@ import { validateRequest, type EndpointKind } from './endpoints.js';
 import { answersInstead, planHeaders, type Plan } from './plan.js';
 import { planRequest } from './plan-exact.js';
 import { admit } from './admit.js';
-import { badUpstreamResponse, forward, isContextOverflow, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal } from './forward.js';
+import { badUpstreamResponse, forward, isContextOverflow, normaliseUpstreamError, upstreamError, upstreamErrorIsFinal, windowInOverflow } from './forward.js';
 import { relayJson, readText } from './relay-json.js';
 import { relayStream } from './relay-stream.js';
 import { OutputMeter } from './output-meter.js';
@@ -64,18 +64,18 @@ async function planAndRelay(
   const headers = planHeaders(request.raw);
   // A research round the upstream refused for a window the gateway did not know is planned once
   // more, as its final answer (seed 001: a run ends in an answer); its first attempt is refunded.
-  let outgrown = false;
+  let outgrown: { contextWindow: number | null } | undefined;
   for (;;) {
-    const planOnce = () => planRequest(gw, valid, principal, headers, outgrown ? { outgrown: true } : {});
+    const planOnce = () => planRequest(gw, valid, principal, headers, outgrown ? { outgrown } : {});
     const plan = await admit(gw, await planOnce(), planOnce);
     const ended = await relayPlan(gw, kind, request, reply, plan, t0);
-    if (ended !== 'outgrown' || outgrown) return;
-    outgrown = true;
+    if (!ended || outgrown) return;
+    outgrown = ended;
   }
 }
 
 /** Stages 5–7 for an admitted plan, settled whatever happens. */
-async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply, plan: Plan, t0: number): Promise<'outgrown' | void> {
+async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply, plan: Plan, t0: number): Promise<Outgrown | void> {
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
   const once: Once = { settling: false, log: null };
@@ -132,6 +132,9 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
   }
 }
 
+/** A research round the upstream refused for its context: planned again as its final answer, in the window the refusal named (if any). */
+type Outgrown = { contextWindow: number | null };
+
 /** Set when settlement begins; `log` writes the request's one line, once the stages have made it. */
 interface Once {
   settling: boolean;
@@ -151,7 +154,7 @@ async function relayAdmitted(
   t0: number,
   once: Once,
   abort: AbortController,
-): Promise<'outgrown' | void> {
+): Promise<Outgrown | void> {
   const settle: typeof settleOutcome = (...args) => {
     once.settling = true;
     return settleOutcome(...args);
@@ -280,11 +283,16 @@ async function relayAdmitted(
     const text = await errorText(plan, res);
     const body = normaliseUpstreamError(res.statusCode, text, plan.upstream.name);
     if (plan.mode === 'normal' && isContextOverflow(res.statusCode, body) && answersInstead(plan.valid, gw.config.runs.writeTools)) {
-      // Past a window the gateway did not know (no contextWindow, no /props): refunded whole, and
-      // planned again as the run's final answer (planAndRelay), as a round past a known one is.
-      await refundedFailure(res.statusCode);
-      request.log.info({ id: plan.id, upstream: plan.upstream.name, status: res.statusCode }, 'the upstream refused a research round for its context window: sent as the final answer');
-      return 'outgrown';
+      // Past a window the gateway did not know (no contextWindow, no /props) or counted under:
+      // refunded whole, and planned again as the run's final answer (planAndRelay), as a round
+      // past a known window is — in the window the refusal names, where none is known here.
+      const done = await refundedFailure(res.statusCode);
+      m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
+      request.log.info(
+        { id: plan.id, upstream: plan.upstream.name, status: res.statusCode, upstream_ms: Math.round(upstreamMs * 1e3) / 1e3, refund_tokens: done?.refundTokens ?? null },
+        'the upstream refused a research round for its context window: sent as the final answer',
+      );
+      return { contextWindow: windowInOverflow(body) };
     }
     const failed = await refundedFailure(res.statusCode);
     if (!failed) return;

@@ -526,3 +526,36 @@ t.test('a head written while a request was being planned is not taken for a cloc
   t.ok(Number(a.headers.get('x-tollgate-shared-prefix-tokens')) > 0);
   t.ok(Number(rb.headers.get('x-tollgate-shared-prefix-tokens')) >= Number(a.headers.get('x-tollgate-shared-prefix-tokens')), 'it shares what was read before');
 });
+
+// A review (twentieth session): the tool offer's hash changed from canonical JSON to the offer as
+// sent. A head written before holds the old hash: the same offer still shares its prefix, so that
+// no conversation open at the upgrade is charged in full for the change of hashing alone.
+t.test('a head written under the old hashing of the same tool offer still shares its prefix', async (t) => {
+  const { default: Database } = await import('better-sqlite3');
+  const { canonicalJson, sha256Hex } = await import('../../metering/canonical-json.js');
+  const upstream = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)] });
+  const send = client(gw.url);
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+  const conv = { 'x-tollgate-conversation': 'upgraded' };
+  const turn1 = { model: 'gpt-4o', max_tokens: 20, tools, messages: [system, { role: 'user', content: 'What is the capital of France? '.repeat(10) }] };
+  t.equal((await send(turn1, conv)).status, 200);
+  // The head as a gateway before the change wrote it.
+  const db = new Database(gw.dbPath);
+  t.teardown(() => db.close());
+  const legacy = sha256Hex(canonicalJson({ tools, tool_choice: null }));
+  t.equal(db.prepare('UPDATE heads SET tool_hash = ? WHERE conversation = ?').run(legacy, 'upgraded').changes, 1);
+  const turn2 = { ...turn1, messages: [...turn1.messages, { role: 'assistant', content: 'Paris.' }, { role: 'user', content: 'And Spain?' }] };
+  const r2 = await send(turn2, conv);
+  t.ok(r2.shared > 0, 'the same offer under the old hash: shared');
+  // The head it leaves holds the new hash: a reordered offer now shares nothing.
+  const reordered = [{ function: { parameters: { properties: {}, type: 'object' }, name: 'search' }, type: 'function' }];
+  const r3 = await send({ ...turn2, tools: reordered, messages: [...turn2.messages, { role: 'assistant', content: 'Madrid.' }, { role: 'user', content: 'And Italy?' }] }, conv);
+  t.equal(r3.shared, 0);
+  // Another offer never matches an old hash.
+  t.equal(db.prepare('UPDATE heads SET tool_hash = ? WHERE conversation = ?').run(legacy, 'upgraded').changes, 1);
+  const other = [{ type: 'function', function: { name: 'fetch', parameters: { type: 'object', properties: {} } } }];
+  const r4 = await send({ ...turn2, tools: other, messages: [...turn2.messages, { role: 'assistant', content: 'Rome.' }, { role: 'user', content: 'And Greece?' }] }, conv);
+  t.equal(r4.shared, 0, 'a different offer shares nothing');
+});

@@ -188,6 +188,41 @@ t.test("a llama.cpp figure for choice 0 alone is a floor under the gateway's cou
   t.equal(rows[0]!.output_method, 'provider', "the server's figure was the larger for choice 0");
 });
 
+// Regression (twentieth session, a review): with no choice numbered 0 (a proxy that counts from 1),
+// the server's figure was added whole on top of the count of every choice.
+t.test("a llama.cpp answer with no choice numbered 0: the server's figure floors the whole count, not added to it", async (t) => {
+  const { createServer } = await import('node:http');
+  const llama = await startLlamaCppDouble({ completionTokens: 7, slots: 2 });
+  t.teardown(llama.close);
+  // Passes everything through, the choices of an answer renumbered from 1.
+  const proxy = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => (body += c.toString('utf8')));
+    req.on('end', async () => {
+      const answer = await fetch(`${llama.url}${req.url}`, { method: req.method, headers: { 'content-type': 'application/json' }, body: req.method === 'GET' ? undefined : body });
+      const text = await answer.text();
+      let out = text;
+      try {
+        const json = JSON.parse(text) as Json;
+        if (Array.isArray(json.choices)) out = JSON.stringify({ ...json, choices: (json.choices as Json[]).map((c) => ({ ...c, index: (c.index as number) + 1 })) });
+      } catch {
+        // not JSON: as it came
+      }
+      res.writeHead(answer.status, { 'content-type': answer.headers.get('content-type') ?? 'application/json' }).end(out);
+    });
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => new Promise<void>((resolve) => proxy.close(() => resolve())));
+  const port = (proxy.address() as { port: number }).port;
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(`http://127.0.0.1:${port}`)] });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'Hello there' }], n: 2, max_tokens: 20 }) });
+  t.equal(res.status, 200);
+  const rows: LedgerRow[] = [];
+  for await (const row of gw.ledger.exportRows(null, null)) rows.push(row);
+  t.equal(rows[0]!.upstream_completion_tokens, 7, "the server's figure: one choice's");
+  t.equal(rows[0]!.generated_tokens, 14, 'both choices as the gateway counted them, the figure not added on top');
+});
+
 // Regression (twentieth session): the count of an answer's text asked the server's /tokenize with no
 // bound of its own, before the client had its answer (a stream's end, a whole answer's body): a
 // server stuck on it held both for the upstream's timeoutMs, 10 minutes by default.

@@ -106,11 +106,11 @@ t.test("a round the upstream refuses for a window the gateway did not know goes 
   const long = (words: number) => ' word'.repeat(words); // a token each, as the server counts
   // Tools whose description fills half the window: the round fits before the result, not after.
   const bigTools = [{ type: 'function', function: { name: 'search', description: `Search.${long(1800)}`, parameters: { type: 'object', properties: {} } } }];
-  const post = async (conversation: string, messages: Json[]) => {
+  const post = async (conversation: string, messages: Json[], extra: Json = {}) => {
     const res = await fetch(`${gw.url}/v1/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation },
-      body: JSON.stringify({ model: 'tiny', messages, tools: bigTools, max_tokens: 50 }),
+      body: JSON.stringify({ model: 'tiny', messages, tools: bigTools, max_tokens: 50, ...extra }),
     });
     return { res, body: (await res.json()) as Json };
   };
@@ -124,7 +124,8 @@ t.test("a round the upstream refuses for a window the gateway did not know goes 
 
   // 1. The tools take it past the window; without them the answer fits: the model answers.
   const before = llama.requests.filter((r) => r.path === '/v1/chat/completions').length;
-  const answered = await post('answered', round(`found:${long(2400)}`));
+  // No max_tokens: the default 4,096 is more than the window leaves.
+  const answered = await post('answered', round(`found:${long(2400)}`), { max_tokens: undefined });
   t.equal(answered.res.status, 200);
   t.equal(answered.res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
   t.equal(answered.res.headers.get('x-tollgate-fallback'), null, "the model's own answer");
@@ -132,6 +133,9 @@ t.test("a round the upstream refuses for a window the gateway did not know goes 
   t.equal(sent.length, 2, 'the round as sent, then its final answer');
   t.ok(Array.isArray((sent[0]!.body as Json).tools), 'the round offered its tools');
   t.notOk('tools' in (sent[1]!.body as Json), 'the final answer offered none');
+  // The refusal named the server's window (n_ctx): the answer's allowance is what it leaves.
+  const finalPrompt = Number(answered.res.headers.get('x-tollgate-reserved-tokens')) - Number((sent[1]!.body as Json).max_tokens);
+  t.equal(Number((sent[1]!.body as Json).max_tokens), 4096 - finalPrompt, 'the allowance: the window the refusal named, less the prompt');
   t.match(((answered.body.choices as Json[])[0]!.message as Json).content, /\S/);
 
   // 2. The result alone is past the window: the final answer is refused too, and the excerpt answers.

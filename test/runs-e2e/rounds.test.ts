@@ -166,3 +166,33 @@ t.test('legacy function calling (functions / function_call / role "function") co
   t.notOk('functions' in final, 'no functions offered');
   t.notOk('function_call' in final);
 });
+
+// Regression (twentieth session, a review): the final answer was charged in full only where the
+// run could hold its prompt and the whole allowance it asked for (4,096 by default): a run with room
+// for the answer's reserve, not for all of that, had its prefix credited all the same.
+t.test('a final answer is charged in full where that leaves it the answer reserve, its allowance cut to the room', async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 6, toolCalls: searchWhileOffered });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { maxToolRounds: 1, tokenBudget: 3000 } });
+  const tools = [{ type: 'function', function: { name: 'search', parameters: { type: 'object', properties: {} } } }];
+  const post = async (messages: Array<Record<string, unknown>>, extra: Record<string, unknown> = {}) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'room' },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages, tools, ...extra }),
+    });
+    return { res, body: (await res.json()) as Record<string, unknown> };
+  };
+  const question = [{ role: 'system', content: 'You research. '.repeat(40) }, { role: 'user', content: 'What does Tollgate meter?' }];
+  const round = await post(question, { max_tokens: 50 });
+  const call = ((round.body.choices as Array<Record<string, unknown>>)[0]!.message as Record<string, unknown>).tool_calls as Array<Record<string, unknown>>;
+  t.ok(call?.length, 'a tool round');
+  const final = await post([...question, { role: 'assistant', content: null, tool_calls: call }, { role: 'tool', tool_call_id: call[0]!.id, content: 'It meters tokens.' }]);
+  t.equal(final.res.status, 200);
+  t.equal(final.res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=rounds');
+  t.equal(final.res.headers.get('x-tollgate-shared-prefix-tokens'), '0', 'charged in full: it leaves the answer its reserve');
+  const sent = chatRequests(upstream).at(-1)!;
+  const allowance = Number(sent.max_completion_tokens ?? sent.max_tokens);
+  t.ok(allowance >= 1024 && allowance < 4096, `its allowance (${allowance}) cut to what the run has left, at least the reserve`);
+  t.ok(Number(final.res.headers.get('x-tollgate-reserved-tokens')) <= 3000 - (Number(round.res.headers.get('x-tollgate-charge-tokens'))), 'within the run');
+});
