@@ -262,7 +262,8 @@ function checkChatFields(body: Record<string, unknown>): void {
   if (given('parallel_tool_calls') && typeof body.parallel_tool_calls !== 'boolean') invalid('parallel_tool_calls', 'must be a boolean');
   if (given('response_format')) {
     // Only what planning reads is held to a shape. Servers differ in the rest: llama.cpp takes `{}`,
-    // a `json_schema` type without its object, and a schema beside the type; its upstream answers those.
+    // a `json_schema` type without its object, a schema beside the type, and ignores a bare string;
+    // the upstream answers those. (Only a `json_schema` object is counted with the prompt: plan.ts.)
     const rf = body.response_format;
     if (!isObject(rf) && typeof rf !== 'string') invalid('response_format', 'must be an object, such as {"type": "json_object"}');
     if (isObject(rf)) {
