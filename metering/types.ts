@@ -156,5 +156,5 @@ export interface TokenCounter {
    * A counter that counts more exactly, at more cost, where this one gives upper bounds (tiktoken:
    * long runs without spaces); asked for only before refusing a request on an upper bound.
    */
-  exactly?(): TokenCounter;
+  exactly?(opts?: { remember?: boolean }): TokenCounter;
 }

@@ -7,6 +7,7 @@ import { requireClient } from '../server/auth-hooks.js';
 import { GatewayError } from '../server/errors.js';
 import type { Gateway } from '../server/gateway.js';
 import { MAX_JSON_DEPTH, nestedDeeperThan, tooDeep } from '../server/body.js';
+import { memberValueBytes } from '../server/json-span.js';
 import { endpointForPath, validateRequest } from '../server/pipeline/endpoints.js';
 import { planHeaders, rowFigures } from '../server/pipeline/plan.js';
 import { planRequest } from '../server/pipeline/plan-exact.js';
@@ -84,15 +85,16 @@ const route: FastifyPluginAsync = async (app) => {
     /** A refusal that only the request's own max_tokens caused: the plan is shown without it. */
     let allowanceRefusal: GatewayError | null = null;
     try {
-      // Nested past the limit, the request inside gets the real request's 400 (checked first: the
-      // byte count below walks it). The wrapper's own depth is not limited (server/body.ts).
-      if (typeof call.request === 'object' && call.request !== null && nestedDeeperThan(call.request, MAX_JSON_DEPTH)) throw tooDeep();
-      // The size limit is the real request's: its body is this request, as JSON.
-      const bytes = Buffer.byteLength(JSON.stringify(call.request), 'utf8');
+      // In the real request's order (SPEC §11: the size first). Its body is the request inside as
+      // the client wrote it here: its bytes in the wrapper, escapes and spaces and all.
+      const bytes = (request.admissionBytes && memberValueBytes(request.admissionBytes, 'request')) ?? Buffer.byteLength(JSON.stringify(call.request), 'utf8');
       const limit = gw.config.limits.maxBodyBytes;
       if (bytes > limit) {
         throw new GatewayError('body_too_large', `request body has ${bytes} bytes, the limit is ${limit}`, { body_bytes: bytes, limit });
       }
+      // Nested past the limit, the request inside gets the real request's 400. The wrapper's own
+      // depth is not limited (server/body.ts).
+      if (typeof call.request === 'object' && call.request !== null && nestedDeeperThan(call.request, MAX_JSON_DEPTH)) throw tooDeep();
       const valid = validateRequest(kind, call.request);
       try {
         plan = await planRequest(gw, valid, request.principal!, planHeaders(request.raw), { dryRun: true });

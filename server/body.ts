@@ -36,6 +36,13 @@ const MIN_DRAIN_BYTES = 1024 * 1024;
 /** The longest a connection whose request was refused stays open after its answer (ms). */
 export const LINGER_MS = 5_000;
 
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** A /v1/admission call's body as it came (server/json-span.ts reads the request inside from it). */
+    admissionBytes?: Buffer;
+  }
+}
+
 /** How much of a refused body is read, before its answer (to count it) and again after it. */
 export function drainBytes(maxBodyBytes: number): number {
   return Math.max(DRAIN_FACTOR * maxBodyBytes, MIN_DRAIN_BYTES);
@@ -190,7 +197,10 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       if (encoding && encoding.toLowerCase() !== 'identity') {
         return finish(new GatewayError('invalid_request', `content-encoding: "${encoding}" is not supported: send the body uncompressed`, {}, 'content-encoding'));
       }
-      const text = Buffer.concat(chunks, total).toString('utf8');
+      const bytes = Buffer.concat(chunks, total);
+      // The admission wrapper's bytes: its route holds the request inside to the limit as sent.
+      if (wrapped) request.admissionBytes = bytes;
+      const text = bytes.toString('utf8');
       // An empty body is no body (a DELETE sent with a JSON content type); routes that need one say so.
       if (text.trim() === '') return finish(null, undefined);
       let body: unknown;

@@ -12,7 +12,7 @@ import type {
   TokenCounter,
   ToolDefinition,
 } from '../types.js';
-import { cacheKey, sharedTokenCache, type CachedCount, type TokenCache } from '../token-cache.js';
+import { cacheKey, readingOnly, sharedTokenCache, type CachedCount, type CountCache } from '../token-cache.js';
 import { messageDigest } from '../message-digest.js';
 import { countBounded, EXACT_PRETOKEN_BUDGET, EXACT_RECOUNT_BUDGET, EXACT_RUN_BUDGET, getEncoder, type PieceCount } from './bounded-encode.js';
 import { utf8Prefix } from '../utf8-prefix.js';
@@ -79,7 +79,7 @@ const TOOL_CONSTANTS: Record<'o200k_base' | 'cl100k_base', ToolConstants> = {
 };
 
 export interface TiktokenCounterOptions {
-  cache?: TokenCache;
+  cache?: CountCache;
   /**
    * Worker threads for large texts (ADR 0009). Without one, every count runs inline on the calling
    * thread, as a script or a unit test may want.
@@ -172,13 +172,14 @@ const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(reso
 export class TiktokenCounter implements TokenCounter {
   readonly method: CountMethod;
   readonly encoding: TiktokenEncoding;
-  private readonly cache: TokenCache;
+  private readonly cache: CountCache;
   private readonly pool: CountPool | null;
   private readonly inlineBytes: number;
   private readonly counts: TiktokenCounterStats = { inline: 0, pooled: 0 };
   private readonly exactRunBudget: number;
   private readonly preTokenBudget: number;
   private thorough: TiktokenCounter | null = null;
+  private peeking: TiktokenCounter | null = null;
 
   constructor(encoding: TiktokenEncoding, opts: TiktokenCounterOptions = {}) {
     this.encoding = encoding;
@@ -198,15 +199,19 @@ export class TiktokenCounter implements TokenCounter {
    * pool, all its work goes there: a long pre-token's merge loop needs the encoding's ranks (~0.4 s
    * to read, once per thread), which the main thread never loads.
    */
-  exactly(): TiktokenCounter {
-    this.thorough ??= new TiktokenCounter(this.encoding, {
-      cache: this.cache,
-      pool: this.pool ?? undefined,
-      inlineBytes: this.pool === null ? this.inlineBytes : 0,
-      exactRunBudget: EXACT_RECOUNT_BUDGET,
-      preTokenBudget: EXACT_PRETOKEN_BUDGET,
-    });
-    return this.thorough;
+  exactly(opts: { remember?: boolean } = {}): TiktokenCounter {
+    const thorough = (cache: CountCache) =>
+      new TiktokenCounter(this.encoding, {
+        cache,
+        pool: this.pool ?? undefined,
+        inlineBytes: this.pool === null ? this.inlineBytes : 0,
+        exactRunBudget: EXACT_RECOUNT_BUDGET,
+        preTokenBudget: EXACT_PRETOKEN_BUDGET,
+      });
+    // `remember: false` (/v1/admission, which changes nothing): it reads the cache and writes
+    // nothing to it, so a later request counts its text as it would have without the question.
+    if (opts.remember === false) return (this.peeking ??= thorough(readingOnly(this.cache)));
+    return (this.thorough ??= thorough(this.cache));
   }
 
   /** A cached count this counter may use: an upper bound is not, when it counts more exactly. */

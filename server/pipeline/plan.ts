@@ -381,7 +381,8 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const memoScope = principal.keyId ?? `tenant:${principal.tenant}`;
   const remembered = messages ? gw.prefixMemo.match(memoScope, messages) : null;
   const known = remembered?.counts ? { messages: remembered.length, ...remembered.counts } : undefined;
-  const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.() : undefined);
+  // A dry run's exact count is kept by no cache: /v1/admission changes nothing a later request counts.
+  const exactCounter = () => (recountable(valid) ? gw.counters.forModel(upstream, valid.model).exactly?.({ remember: !opts.dryRun }) : undefined);
   // Every count of this plan uses it once it is needed (the final-answer request's too).
   let counter = opts.exact ? exactCounter() : undefined;
   // Far too many rows are refused before any row is counted (SPEC §11 checks rows first): counting

@@ -153,6 +153,30 @@ t.test('asking for a plan does not change the conversation the real request then
   t.equal(Number(real.headers.get('x-tollgate-reserved-tokens')), (planned.body.charge as { prompt: number; allowance: number }).prompt + 8);
 });
 
+// Regression (twentieth session): admission's exact second count (ADR 0019) was kept in the shared
+// token cache, so the real request that followed counted its text exactly where it would have
+// counted it on its upper bound: another charge, another ledger row, for having asked.
+t.test("asking for a plan does not change how the real request then counts its prompt", async (t) => {
+  const upstream = await startOpenAiDouble({ completionTokens: 2 });
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url)], runs: { tokenBudget: 1000 } });
+  // A long run without spaces: counted first on an upper bound.
+  const messages = (run: string) => [{ role: 'user', content: `${run}${'z'.repeat(700)}` }];
+  const post = async (path: string, body: Json, conversation: string) =>
+    (await (await fetch(`${gw.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': conversation }, body: JSON.stringify(body) })).json()) as Json;
+  const real = async (run: string) => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': `real-${run}` }, body: JSON.stringify({ model: 'gpt-4o-mini', messages: messages(run), max_tokens: 10 }) });
+    return { reserved: res.headers.get('x-tollgate-reserved-tokens'), method: res.headers.get('x-tollgate-count-method') };
+  };
+  const alone = await real('a');
+  t.match(alone.method, /upper-bound$/, 'on its own, the real request counts on the upper bound');
+  // A plan whose budget decision rests on that bound is counted again, exactly (ADR 0019).
+  const plan = await post('/v1/admission', { endpoint: '/v1/chat/completions', request: { model: 'gpt-4o-mini', messages: messages('b'), max_tokens: 640 } }, 'other');
+  t.equal(plan.count_method, 'tiktoken:o200k_base', 'the plan was counted exactly');
+  const after = await real('b');
+  t.same(after, alone, 'the real request after it counts and reserves as it would have without the question');
+});
+
 t.test("a final answer's allowance stays within the window its rewritten prompt leaves, and admission says so", async (t) => {
   const upstream = await startOpenAiDouble({ completionTokens: 3 });
   t.teardown(upstream.close);

@@ -321,3 +321,35 @@ t.test('a gateway process survives bodies far past the limit, sent every way, an
   await stillServes(t, url);
   t.equal(upstream.requests.length, 1, 'only the small request reached the upstream');
 });
+
+// Regression (twentieth session): /v1/admission measured the request inside on JSON it wrote again
+// — escapes, spaces and bytes that are not UTF-8 counted otherwise than the real request's — and
+// checked its nesting before its size, where the real request answers the size first (SPEC §11).
+t.test('/v1/admission holds the request inside to the limit as sent: the same bytes, the same verdict', async (t) => {
+  const { gw } = await setup(t);
+  const ask = async (inner: Buffer) => {
+    const body = Buffer.concat([Buffer.from('{"endpoint":"/v1/chat/completions","request":'), inner, Buffer.from('}')]);
+    const plan = (await (await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: new Uint8Array(body) })).json()) as { verdict: { status: number; error: unknown } };
+    const real = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: new Uint8Array(inner) });
+    return { verdict: plan.verdict, status: real.status, body: real.status === 200 ? null : await real.json() };
+  };
+  const padded = (pad: string) => Buffer.from(`{"model":"gpt-4o","max_tokens":4,"messages":[{"role":"user","content":"x"}],"pad":"${pad}"}`);
+  const cases: Array<[string, Buffer]> = [
+    // 4,150 bytes sent, 1,000 characters once read: over the limit as sent.
+    ['escaped characters', padded('\\u00e9'.repeat(690))],
+    // Spaces between the tokens (a pretty-printed file): over the limit as sent.
+    ['a pretty-printed body', Buffer.from(JSON.stringify({ model: 'gpt-4o', max_tokens: 4, messages: [{ role: 'user', content: 'x'.repeat(3900) }] }, null, 10))],
+    // Bytes that are not UTF-8, one each as sent, three each once read: within the limit as sent.
+    ['bytes that are not UTF-8', Buffer.concat([padded('').subarray(0, -2), Buffer.alloc(3500, 0xff), Buffer.from('"}')])],
+    // Too deep and too large: the size is answered first.
+    ['a body both too deep and too large', Buffer.from(`{"model":"gpt-4o","messages":[{"role":"user","content":"${'x'.repeat(4000)}"}],"metadata":${'['.repeat(140)}${']'.repeat(140)}}`)],
+  ];
+  for (const [what, inner] of cases) {
+    const { verdict, status, body } = await ask(inner);
+    t.equal(verdict.status, status, `${what}: ${status}, as the real request`);
+    if (status !== 200) t.same(verdict.error, body, `${what}: the same envelope`);
+  }
+  t.equal((await ask(cases[0]![1])).status, 413, 'the escaped body is over the limit');
+  t.equal((await ask(cases[1]![1])).status, 413, 'the pretty-printed body is over the limit');
+  t.equal((await ask(cases[2]![1])).status, 200, 'the body with raw bytes is within it');
+});
