@@ -186,8 +186,10 @@ function toolHashOf(valid: ValidRequest): string {
 /**
  * The offer's hash as heads written before the twentieth session hold it (canonical JSON). A head
  * holding it is taken for the same offer when it matches, so that no conversation open at the
- * upgrade is charged in full on its next turn for a change of hashing alone. The two never collide:
- * canonical JSON puts `tool_choice` before `tools`, the offer as sent the other way round.
+ * upgrade is charged in full on its next turn for a change of hashing alone. Canonical JSON cannot
+ * tell key orders apart: on that one turn a reordered offer is credited, as it was before the
+ * change. The two never collide: canonical JSON puts `tool_choice` before `tools`, the offer as
+ * sent the other way round.
  */
 function legacyToolHashOf(valid: ValidRequest, offerHash: string): string {
   if (offerHash === '') return '';
@@ -373,7 +375,11 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   if (!upstream) {
     throw new GatewayError('model_not_found', `The model \`${valid.model}\` does not exist or is not served by this gateway`, {}, 'model');
   }
-  const contextWindow = (await gw.counters.contextWindow(upstream, valid.model)) ?? opts.outgrown?.contextWindow ?? null;
+  // After the upstream refused the request for its window, the smaller of the two holds: the one
+  // known here may be unknown, or configured larger than the server's.
+  const knownWindow = await gw.counters.contextWindow(upstream, valid.model);
+  const namedWindow = opts.outgrown?.contextWindow ?? null;
+  const contextWindow = knownWindow === null || namedWindow === null ? (knownWindow ?? namedWindow) : Math.min(knownWindow, namedWindow);
 
   // 1. Rows and their tokens; the 413 checks in SPEC §11's order. Leading messages this process
   // has seen in an earlier turn keep their chain and counts (metering/prefix-memo.ts).
@@ -549,9 +555,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
       if (contextWindow !== null) caps.push(contextWindow - (promptTokensFinal - (counted.rowImageSlack[0] ?? 0)));
       // Without its tools the prompt is another from its start: the model reads it all again, and
       // it is charged in full (SPEC §4) where that still leaves the answer the run's reserve (or
-      // what it asks for, if less). Where it does not, the leading messages are credited as if the
-      // offer had not changed — a run near its budget could otherwise never be answered (ADR 0004).
-      const answerRoom = Math.max(1, Math.min(...caps, answerReserveFor(bounds))) * valid.n;
+      // what it asks for, if less; one token a choice at least), whatever ended the run. Where it
+      // does not, the leading messages are credited as if the offer had not changed — a run near
+      // its budget could otherwise never be answered (ADR 0004).
+      const answerRoom = Math.max(valid.n, Math.min(Math.max(1, Math.min(...caps)) * valid.n, answerReserveFor(bounds)));
       if (remaining === null || promptTokensFinal + answerRoom <= remaining) shared = 0;
       else {
         const withoutTools = (prefix: number[]) => prefix.map((p) => p - (prefix[0] ?? 0));

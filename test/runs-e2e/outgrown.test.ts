@@ -156,3 +156,32 @@ t.test("a round the upstream refuses for a window the gateway did not know goes 
   t.equal(tooLarge.res.status, 400);
   t.match(tooLarge.body, { error: { type: 'exceed_context_size_error' } });
 });
+
+// A review: a window configured larger than the server's was kept over the one its refusal named,
+// and the final answer asked for the same overflow again.
+t.test("after the upstream's context refusal, the smaller of the configured window and the one it names holds", async (t) => {
+  const { startLlamaCppDouble } = await import('../doubles/llamacpp.js');
+  const llama = await startLlamaCppDouble({ nCtx: 4096, completionTokens: 5 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [{ name: 'box', kind: 'openai', baseUrl: `${llama.url}/v1`, models: ['*'], billing: 'local', contextWindow: 100000 }] });
+  const tools = [{ type: 'function', function: { name: 'search', description: `Search.${' word'.repeat(1800)}`, parameters: { type: 'object', properties: {} } } }];
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'configured' },
+    body: JSON.stringify({
+      model: 'tiny',
+      tools,
+      messages: [
+        { role: 'user', content: 'Survey the field.' },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'search', arguments: '{}' } }] },
+        { role: 'tool', tool_call_id: 'c1', content: `found:${' word'.repeat(2400)}` },
+      ],
+    }),
+  });
+  t.equal(res.status, 200);
+  t.equal(res.headers.get('x-tollgate-notice'), 'finishing-the-answer; reason=tokens');
+  const sent = llama.requests.filter((r) => r.path === '/v1/chat/completions').at(-1)!.body as Json;
+  const allowance = Number(sent.max_tokens);
+  const prompt = Number(res.headers.get('x-tollgate-reserved-tokens')) - allowance;
+  t.equal(allowance, 4096 - prompt, "the server's 4,096, not the configured 100,000");
+});
