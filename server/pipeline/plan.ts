@@ -170,17 +170,22 @@ export function monthOf(ms: number): string {
   return new Date(ms).toISOString().slice(0, 7);
 }
 
-function toolHashOf(valid: ValidRequest): string {
+/** What a chat request offers the model besides its messages: its tools, tool choice and output schema (null: nothing). */
+function offerOf(valid: ValidRequest): Record<string, unknown> | null {
   const body = valid.body;
   // The legacy `function_call` is the tool choice of a legacy `functions` offer.
   const choice = body.tool_choice ?? body.function_call;
   const format = formatOf(body);
-  if (!valid.tools && choice === undefined && format === undefined) return '';
+  if (!valid.tools && choice === undefined && format === undefined) return null;
   // A structured-output schema is read with the tools, before the messages: part of the offer.
-  const offer = { tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) };
+  return { tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) };
+}
+
+function toolHashOf(valid: ValidRequest): string {
+  const offer = offerOf(valid);
   // As sent, keys in their order: a template prints the tools' JSON as it came (llama.cpp's
   // `tojson`), so the same tools with their keys reordered are another prompt, cached or not.
-  return sha256Hex(JSON.stringify(offer));
+  return offer === null ? '' : sha256Hex(JSON.stringify(offer));
 }
 
 /**
@@ -191,12 +196,9 @@ function toolHashOf(valid: ValidRequest): string {
  * change. The two never collide: canonical JSON puts `tool_choice` before `tools`, the offer as
  * sent the other way round.
  */
-function legacyToolHashOf(valid: ValidRequest, offerHash: string): string {
-  if (offerHash === '') return '';
-  const body = valid.body;
-  const choice = body.tool_choice ?? body.function_call;
-  const format = formatOf(body);
-  return sha256Hex(canonicalJson({ tools: valid.tools ?? null, tool_choice: choice ?? null, ...(format === undefined ? {} : { format }) }));
+function legacyToolHashOf(valid: ValidRequest): string {
+  const offer = offerOf(valid);
+  return offer === null ? '' : sha256Hex(canonicalJson(offer));
 }
 
 /** The structured-output schema of a chat request (`response_format.json_schema`), if it has one. */
@@ -361,7 +363,7 @@ export interface PlanOptions {
   /**
    * The upstream refused the request as sent for its context window: a research round after tools
    * then goes as its final answer, as one past a known window does — within the window the refusal
-   * named, where the gateway knew none.
+   * named, or the one known here if smaller.
    */
   outgrown?: { contextWindow: number | null };
 }
@@ -507,7 +509,7 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // messages alone, the server's rendering of the tools aside.)
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
   // A head written under the old hashing of the same offer is this offer (legacyToolHashOf).
-  const sameOfferHead = head && head.toolHash !== toolHash && head.toolHash === legacyToolHashOf(valid, toolHash) ? { ...head, toolHash } : head;
+  const sameOfferHead = head && head.toolHash !== toolHash && head.toolHash === legacyToolHashOf(valid) ? { ...head, toolHash } : head;
   let shared = sharedPrefixTokens({ head: sameOfferHead, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: readAt, upstream: cache, renderedByServer });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const runBudget = runBudgetFor(runState?.budgetTokens, bounds.tokenBudget);
