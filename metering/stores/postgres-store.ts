@@ -88,28 +88,28 @@ export class PostgresLedger implements Ledger {
     this.pool.on('error', (err) => {
       this.lastConnectionError = err.message;
     });
+    // Every connection is listened to for as long as it lives, from the moment it is made. The pool
+    // stops listening to one when it hands it out, and hands a released one to a waiting request
+    // at once: a listener added only once that request's `await` resumes missed an error that came
+    // in the same read (a server's FATAL right after the last answer), which then ended the process.
+    this.pool.on('connect', (client) => {
+      client.on('error', (err) => {
+        this.broken.set(client, err);
+        this.lastConnectionError = err.message;
+      });
+    });
   }
 
   /** The last error of a pooled connection the server closed while it sat idle (the pool replaced it). */
   lastConnectionError: string | null = null;
 
-  /** A connection of the pool, listened to while it is out: one the server closes then fails its query, not the process. */
+  /** Connections the server has ended or broken: destroyed when released, not handed out again. */
+  private readonly broken = new WeakMap<object, Error>();
+
+  /** A connection of the pool: one the server closes while it is out fails its query, not the process. */
   private async connect(): Promise<{ client: Client; done: () => void }> {
     const client = await this.pool.connect();
-    let broken: Error | undefined;
-    const onError = (err: Error) => {
-      broken = err;
-      this.lastConnectionError = err.message;
-    };
-    client.on('error', onError);
-    return {
-      client,
-      done: () => {
-        client.off('error', onError);
-        // A broken connection is destroyed, not handed to the next request.
-        client.release(broken);
-      },
-    };
+    return { client, done: () => client.release(this.broken.get(client)) };
   }
 
   async migrate(): Promise<void> {

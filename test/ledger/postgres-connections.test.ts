@@ -37,6 +37,27 @@ if (!url) {
     t.equal((await ledger.admit(reservation({ tenant: 'acme' }))).ok, true, 'and admits again');
   });
 
+  // Regression (twentieth session, an outside audit): the pool hands a released connection to a
+  // waiting request in the same tick, having stopped listening to it; the ledger listened only once
+  // its `await` resumed. A server's FATAL in the same read (16 requests on 10 connections, backends
+  // terminated) was an unhandled 'error' that ended the process in 6 runs of 11.
+  t.test('a connection handed straight to a waiting request is listened to in that same tick', async (t) => {
+    const ledger = new PostgresLedger({ url, schema, applicationName: app, maxConnections: 1 });
+    t.teardown(() => ledger.close());
+    await ledger.migrate();
+    const pool = (ledger as unknown as { pool: pg.Pool }).pool;
+    const held = await pool.connect();
+    const waiting = ledger.admit(reservation({ tenant: 'acme' }));
+    await new Promise((r) => setTimeout(r, 50));
+    t.equal(pool.waitingCount, 1, 'the admission waits for the one connection');
+    held.release();
+    t.ok(held.listenerCount('error') > 0, 'listened to at once, before the waiting request resumes');
+    t.doesNotThrow(() => held.emit('error', new Error('terminating connection due to administrator command')), 'an error then is heard, not thrown');
+    t.equal((await waiting).ok, true, 'the admission goes on (the socket itself is whole here)');
+    t.equal(pool.totalCount, 0, 'and the connection said broken is destroyed, not pooled again');
+    t.match(ledger.lastConnectionError, /terminating/);
+  });
+
   /** A ledger, and a second admission into a run whose row another session holds locked: it waits, its connection out. */
   async function blockedAdmission(t: Test) {
     const ledger = new PostgresLedger({ url: url!, schema, applicationName: app });
