@@ -164,7 +164,7 @@ export async function relayStream(
       // goes on as it came, so that the client's and its proxies' idle timers see the stream alive.
       // Not in a final turn (whose head waits for its text), and not another Tollgate's closing
       // figures: the client reads this gateway's.
-      if (filter === null && event.raw.startsWith(':') && !/^: ?tollgate\b/.test(event.raw)) write(`${event.raw}\n\n`);
+      if (filter === null && event.raw.startsWith(':') && !/^: ?tollgate\b/.test(event.raw)) write(`${redactText(event.raw, plan.upstream.apiKey)}\n\n`);
       return true;
     }
     sawData = true;

@@ -1,6 +1,6 @@
 // The upstream's API key never reaches a client, whatever the upstream echoes back and wherever
 // (server/pipeline/upstream-key.ts): an error in a 200, an error inside a stream (as data, or as an
-// `event: error`), a stream line that is not JSON, a passed-on header, an error body that spells
+// `event: error`), a stream line that is not JSON, a comment, a passed-on header, an error body that spells
 // the key with JSON escapes, and an answer or a stream chunk that carries it beside the answer. A
 // security audit and its review found each of these passing the key on.
 
@@ -56,6 +56,13 @@ const MODES: Record<string, (auth: string, res: ServerResponse) => void> = {
   'stream-event-error': (auth, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
     res.end(`event: error\ndata: ${JSON.stringify({ error: { message: `overloaded, ${auth}` } })}\n\n`);
+  },
+  // A comment goes on as it came (a keep-alive), but not the key in it (twentieth session, an audit).
+  'stream-comment-echo': (auth, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`: upstream debug, received authorization=${auth}\n\n`);
+    res.write(`data: ${JSON.stringify({ id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'gpt-4o-mini', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: 'stop' }] })}\n\n`);
+    res.end('data: [DONE]\n\n');
   },
   'stream-raw-line': (auth, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
