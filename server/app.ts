@@ -160,6 +160,11 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
   // store is opened: a start refused for it leaves no ledger file and no migration behind.
   const prices = PriceTable.load(config.prices.overrides);
 
+  // A folder named as the ledger is said before anything is made: opening it first left a stray
+  // `<folder>-lock` file beside it (the owner lock, ADR 0016).
+  if (!opts.ledger && config.store.kind === 'sqlite' && isDirectory(config.store.path)) {
+    throw new ConfigError(`store.path: ${config.store.path} is a folder: name the ledger's file (for example ${join(config.store.path, 'tollgate.db')})`);
+  }
   // A gateway serves its SQLite file alone: it waits for a process still holding it (ADR 0016).
   const ledger =
     opts.ledger ??
@@ -177,9 +182,6 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
       // A file that cannot be opened (its folder missing or not writable) is the config's problem:
       // said with the field and the path, not as a stack trace.
       const code = (err as { code?: string }).code;
-      if (config.store.kind === 'sqlite' && isDirectory(config.store.path)) {
-        throw new ConfigError(`store.path: ${config.store.path} is a folder: name the ledger's file (for example ${join(config.store.path, 'tollgate.db')})`);
-      }
       if (config.store.kind === 'sqlite' && code === 'SQLITE_READONLY') {
         throw new ConfigError(`store.path: the SQLite ledger ${config.store.path} cannot be written by this user (${(err as Error).message}): the file, its -wal and -shm files and its folder must be writable`);
       }

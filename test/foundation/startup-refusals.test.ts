@@ -3,7 +3,7 @@
 // exit — 2 for configuration, 1 for a ledger it cannot use.
 
 import t from 'tap';
-import { chmodSync, readdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from '../helpers/process.js';
 import Database from 'better-sqlite3';
@@ -113,6 +113,8 @@ t.test('a store.path that is a folder: exit 2, saying to name a file', async (t)
   const s = startConfigured(t, dir, minimalConfig(dir, { store: { kind: 'sqlite', path: dir } }), { TOLLGATE_PORT: String(port) });
   t.equal(await s.exited, 2);
   t.match(s.stderr(), `tollgate: invalid configuration: store.path: ${dir} is a folder: name the ledger's file`);
+  // Nothing is made beside it (regression: the owner lock left `<folder>-lock` in its parent).
+  t.notOk(existsSync(`${dir}-lock`), 'no stray lock file beside the folder');
 });
 
 // A volume first written by root, served by a container running as another user: SQLite opens the
