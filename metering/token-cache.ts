@@ -33,6 +33,14 @@ interface Node {
   newer: Node | null;
 }
 
+/** What a counter asks of its cache. */
+export type CountCache = Pick<TokenCache, 'get' | 'set'>;
+
+/** `cache` read, never written. */
+export function readingOnly(cache: CountCache): CountCache {
+  return { get: (key) => cache.get(key), set: () => {} };
+}
+
 /**
  * A least-recently-used cache bounded in bytes. Recency is a doubly linked list beside the Map, so
  * a hit relinks a node and an eviction unlinks the oldest: O(1), and the Map itself only changes
@@ -42,14 +50,6 @@ interface Node {
  * the start of the iteration order (which every fresh iterator skips). 200,000 re-sets of one key
  * in a full cache took ~50 s.
  */
-/** What a counter asks of its cache. */
-export type CountCache = Pick<TokenCache, 'get' | 'set'>;
-
-/** `cache` read, never written. */
-export function readingOnly(cache: CountCache): CountCache {
-  return { get: (key) => cache.get(key), set: () => {} };
-}
-
 export class TokenCache {
   readonly maxBytes: number;
   private readonly entries = new Map<string, Node>();

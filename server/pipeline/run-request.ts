@@ -62,8 +62,9 @@ async function planAndRelay(
   t0: number,
 ): Promise<void> {
   const headers = planHeaders(request.raw);
-  // A research round the upstream refused for a window the gateway did not know is planned once
-  // more, as its final answer (seed 001: a run ends in an answer); its first attempt is refunded.
+  // A research round the upstream refused for its context window (one the gateway did not know, or
+  // counted under) is planned once more, as its final answer (seed 001: a run ends in an answer);
+  // its first attempt is refunded.
   let outgrown: { contextWindow: number | null } | undefined;
   for (;;) {
     const planOnce = () => planRequest(gw, valid, principal, headers, outgrown ? { outgrown } : {});
