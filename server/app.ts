@@ -279,7 +279,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     clock,
     answerCountTimeoutMs: opts.answerCountTimeoutMs ?? ANSWER_COUNT_TIMEOUT_MS,
     log: app.log,
-    adminToken: env.TOLLGATE_ADMIN_TOKEN && env.TOLLGATE_ADMIN_TOKEN.length > 0 ? env.TOLLGATE_ADMIN_TOKEN : null,
+    // Trimmed as a presented bearer token is (server/auth.ts `bearer`): a secret read from a file
+    // ends in a newline, and kept as it was it could never be sent (every operator call a 401).
+    adminToken: env.TOLLGATE_ADMIN_TOKEN?.trim() || null,
   };
   app.decorate('gateway', gateway);
 

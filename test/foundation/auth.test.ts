@@ -235,3 +235,17 @@ t.test('a gateway that may not serve without keys (not on loopback) refuses ever
   t.equal(res.status, 401);
   t.equal(upstream.requests.length, 0, 'nothing reached the upstream');
 });
+
+t.test('an admin token set with spaces or a newline around it (a secret file) is the token without them', async (t) => {
+  for (const token of ['admin-secret\n', ' admin-secret', 'admin-secret \r\n']) {
+    const gw = await startGateway(t, { upstreams: [openaiUpstream('http://127.0.0.1:9')], auth: { keys: [{ key: 'tg-a', tenant: 'a' }] } }, { env: { TOLLGATE_ADMIN_TOKEN: token } });
+    const res = await fetch(`${gw.url}/admin/tenants/a/spend`, { headers: { authorization: 'Bearer admin-secret' } });
+    t.equal(res.status, 200, JSON.stringify(token));
+    t.equal((await fetch(`${gw.url}/admin/tenants/a/spend`, { headers: { authorization: 'Bearer admin-secre' } })).status, 401, 'another token is still refused');
+  }
+  // Only blanks: the operator API stays off, as with no token at all.
+  const blank = await startGateway(t, { upstreams: [openaiUpstream('http://127.0.0.1:9')], auth: { keys: [{ key: 'tg-a', tenant: 'a' }] } }, { env: { TOLLGATE_ADMIN_TOKEN: ' \n' } });
+  const off = await fetch(`${blank.url}/admin/tenants/a/spend`, { headers: { authorization: 'Bearer x' } });
+  t.equal(off.status, 401);
+  t.match(await off.json(), { error: { message: /operator API is off/ } });
+});
