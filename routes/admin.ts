@@ -216,6 +216,13 @@ const route: FastifyPluginAsync = async (app) => {
     }
     if (CONTROL.test(request.params.id) || !(await ledger().deleteKey(request.params.id))) throw new GatewayError('not_found', `no key "${request.params.id}"`);
     app.gateway.auth.keysChanged();
+    // The last key gone from a gateway whose config has none: it is a development setup again
+    // (ADR 0002), open to every loopback client as tenant `local`. Said, so that no operator
+    // revoking a key takes that for a closed gateway.
+    if (await app.gateway.auth.open()) {
+      request.log.warn('the last API key was deleted and the config has none: the gateway now serves every loopback client as tenant "local"');
+      return { id: request.params.id, deleted: true, gateway_open: true };
+    }
     return { id: request.params.id, deleted: true };
   });
 

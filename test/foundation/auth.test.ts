@@ -202,7 +202,15 @@ t.test('a key made with the operator API closes a gateway that had none; deletin
   const forbidden = await fetch(`${gw.url}/admin/tenants/acme/spend`, { headers: { authorization: 'Bearer tg-anything' } });
   t.equal(forbidden.status, 401, 'an unknown key is no client on the operator API either');
 
-  t.equal((await fetch(`${gw.url}/admin/keys/${made.id}`, { method: 'DELETE', headers: { authorization: 'Bearer admin-secret' } })).status, 200);
+  const second = (await (await fetch(`${gw.url}/admin/keys`, { method: 'POST', headers: admin, body: JSON.stringify({ tenant: 'acme' }) })).json()) as { id: string; key: string };
+  const deleteKey = async (id: string) => {
+    const res = await fetch(`${gw.url}/admin/keys/${id}`, { method: 'DELETE', headers: { authorization: 'Bearer admin-secret' } });
+    t.equal(res.status, 200);
+    return res.json();
+  };
+  t.same(await deleteKey(second.id), { id: second.id, deleted: true }, 'a key left: the gateway stays closed, and the answer says nothing more');
+  t.equal((await post(second.key)).status, 401, 'the revoked key is refused');
+  t.same(await deleteKey(made.id), { id: made.id, deleted: true, gateway_open: true }, 'the last key: the answer says the gateway is open again');
   t.equal((await post('tg-anything')).status, 200, 'no keys left: open again, on loopback');
   const rows = await collect(gw.ledger.exportRows(null, null));
   t.same(rows.map((r) => r.tenant), ['local', 'acme', 'local'], 'the refused requests left no row; the others are billed to who sent them');
