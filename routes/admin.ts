@@ -85,9 +85,13 @@ function timeParam(v: unknown, name: string): number | null {
     }
     return ms;
   }
-  // A `+` left unencoded in a query string arrives as a space.
-  if (/^[^ ]+ \d{2}:\d{2}$/.test(v)) {
+  // A `+` left unencoded in a query string arrives as a space (after a time: 2026-11-15T12:00 01:00).
+  if (/^[^ ]*T[^ ]* \d{2}:\d{2}$/.test(v)) {
     throw new GatewayError('invalid_request', `${name}: "${v}" has a space before its zone offset: write the offset's + as %2B in the URL (or use Z)`, {}, name);
+  }
+  // A date and a time with a space between them, as SQL writes them.
+  if (/^\d{4}-\d{2}-\d{2} \d{2}:\d{2}/.test(v)) {
+    throw new GatewayError('invalid_request', `${name}: "${v}" has a space between its date and time: write a T there (2026-11-15T12:00:00Z)`, {}, name);
   }
   const m = ISO_TIME.exec(v);
   const ms = Date.parse(m && m[4] !== undefined && m[7] === undefined ? `${v}Z` : v);
@@ -321,6 +325,8 @@ const route: FastifyPluginAsync = async (app) => {
     // still running at a cut is exported open, and its settled figures fall in no later window.
     const by = request.query.by ?? 'time';
     if (by !== 'time' && by !== 'settled') throw new GatewayError('invalid_request', `by: must be "time" (when each request began; the default) or "settled" (when it was settled)`, {}, 'by');
+    // HEAD (Fastify answers it with this handler): the head alone, without reading a row.
+    if (request.method === 'HEAD') return reply.header('content-type', 'application/x-ndjson; charset=utf-8').send();
     const rows = ledger().exportRows(since, until, by)[Symbol.asyncIterator]();
     // The first page is read before the head is written: a store that fails at once is answered
     // like every other error (a 500 in the envelope), not with a 200 that never ends.

@@ -189,12 +189,34 @@ t.test('the ledger exports as NDJSON, one row per request, between since and unt
     ['since=1764547200', 'since: 1764547200 is not epoch milliseconds (those have 12 or more digits, such as 1764547200000); write a date as 2026-12-01'],
     ['until=20261201', 'until: 20261201 is not epoch milliseconds (those have 12 or more digits, such as 1764547200000); write a date as 2026-12-01'],
     ['since=2026-12-01T00:00:00+01:00', 'since: "2026-12-01T00:00:00 01:00" has a space before its zone offset: write the offset\'s + as %2B in the URL (or use Z)'],
+    ['since=2026-12-01T00:00+01:00', 'since: "2026-12-01T00:00 01:00" has a space before its zone offset: write the offset\'s + as %2B in the URL (or use Z)'],
+    // A date and a time with a space between them (as SQL writes them) has no offset to encode.
+    ['since=2026-11-15%2012:00', 'since: "2026-11-15 12:00" has a space between its date and time: write a T there (2026-11-15T12:00:00Z)'],
+    ['until=2026-11-15%2012:00:00', 'until: "2026-11-15 12:00:00" has a space between its date and time: write a T there (2026-11-15T12:00:00Z)'],
   ]) {
     const refused = await call(gw.url, 'GET', `/admin/ledger?${q}`, ADMIN);
     t.equal(refused.status, 400, q);
     t.match(refused.body, { error: { code: 'invalid_request', message } }, q);
   }
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=0', ADMIN)).status, 200, '0 is the start');
+  // HEAD (a probe, `curl -I`) gets the head of an export without one being read: no body, its
+  // parameters checked as GET's are, and the ledger not read.
+  const reads = gw.ledger.exportRows;
+  let exported = 0;
+  gw.ledger.exportRows = (...args) => {
+    exported++;
+    return reads.apply(gw.ledger, args);
+  };
+  const head = await fetch(`${gw.url}/admin/ledger`, { method: 'HEAD', headers: ADMIN });
+  t.equal(head.status, 200);
+  t.match(head.headers.get('content-type'), /^application\/x-ndjson/);
+  t.equal(await head.text(), '');
+  t.equal((await fetch(`${gw.url}/admin/ledger?since=yesterday`, { method: 'HEAD', headers: ADMIN })).status, 400, 'a bad parameter is a 400 for HEAD too');
+  t.equal((await fetch(`${gw.url}/admin/ledger`, { method: 'HEAD' })).status, 401, 'and it needs the token');
+  t.equal(exported, 0, 'HEAD read no row');
+  t.equal((await call(gw.url, 'GET', '/admin/ledger', ADMIN)).status, 200);
+  t.equal(exported, 1, 'GET does');
+  gw.ledger.exportRows = reads;
   t.equal((await call(gw.url, 'GET', '/admin/ledger?since=2026-11-01T12:00:00.5%2B01:00', ADMIN)).status, 200, 'so is one with a fraction and a zone');
   // And an operator can cap only a conversation id a client can send; a month is a month.
   t.equal((await call(gw.url, 'PUT', `/admin/conversations/${'c'.repeat(257)}/cap`, ADMIN, { cap_usd: 1 })).status, 400);
