@@ -315,7 +315,8 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
     throw new GatewayError('invalid_request', message, {}, at);
   };
   if (typeof v === 'string') {
-    if (!allowEmptyString && v.length === 0) invalid(`${param}[0]`, 'must not be empty');
+    // A plain string has no element 0: the field itself is named.
+    if (!allowEmptyString && v.length === 0) invalid(param, 'must not be empty');
     return 1;
   }
   if (!Array.isArray(v)) shape(`${param} must be a string or an array`);
@@ -323,6 +324,12 @@ function checkRows(v: unknown, param: 'prompt' | 'input', allowEmptyString: bool
   if (list.length === 0) invalid(param, 'must not be empty');
   // One prompt of token ids.
   if (list.every(isTokenId)) return 1;
+  // A list that starts with a number is a prompt of token ids: the first element that is not one
+  // is at fault (a negative or fractional id, or a string among ids), not the valid id before it.
+  if (typeof list[0] === 'number') {
+    const bad = list.findIndex((x) => !isTokenId(x));
+    shape(`${param}[${bad}] must be a token id (a whole number from 0): ${param} is a list of token ids`, `${param}[${bad}]`);
+  }
   for (let i = 0; i < list.length; i++) {
     const row = list[i];
     if (typeof row !== 'string' && !(Array.isArray(row) && row.every(isTokenId))) shape(`${param}[${i}] must be a string or an array of token ids`, `${param}[${i}]`);

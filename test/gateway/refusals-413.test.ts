@@ -325,10 +325,18 @@ t.test('malformed tool calls, text parts, allowances and nesting are 400s naming
     ['/v1/completions', { model: 'gpt-4o', prompt: ['a', 5] }, 'prompt[1]'],
     ['/v1/embeddings', { model: 'gpt-4o', input: [[1.5]] }, 'input[0]'],
     ['/v1/embeddings', { model: 'gpt-4o', input: [[1, 2], []] }, 'input[1]'],
+    // One prompt of token ids with a bad id names that id, not the valid one before it (regression:
+    // prompt[0] every time); an empty string has no element 0.
+    ['/v1/completions', { model: 'gpt-4o', prompt: [15339, -1] }, 'prompt[1]'],
+    ['/v1/completions', { model: 'gpt-4o', prompt: [15339, 'hello'] }, 'prompt[1]'],
+    ['/v1/embeddings', { model: 'gpt-4o', input: [1, 2, 3.5] }, 'input[2]'],
+    ['/v1/embeddings', { model: 'gpt-4o', input: '' }, 'input'],
   ] as const) {
     const res = await post(path, body);
     t.equal(res.status, 400, `${path}: ${param} is a 400`);
     t.equal(res.body.error.param, param);
+    const plan = await post('/v1/admission', { endpoint: path, request: body });
+    t.same((plan.body.verdict as { error: unknown }).error, res.body, `${path}: admission gives the same verdict`);
   }
 
   // 5,000 levels inside a content part, and 100,000 in a field the gateway never reads.
