@@ -137,6 +137,9 @@ export async function buildApp(opts: AppOptions): Promise<FastifyInstance> {
     clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {
       if (!socket.writable) return;
       const [status, reason, error] = clientErrorAnswer(err, requestTimeoutMs);
+      // A request whose body did not arrive in time is answered here; its request, still reading
+      // its body, then fails as a client gone: the error handler gives it its line and its count.
+      if (status === 408) (socket as { tollgateTimedOut?: boolean }).tollgateTimedOut = true;
       const body = JSON.stringify(error);
       // A request that was too slow may be sent again (the SDKs retry a 408); one Node could not
       // read will fail the same way again.

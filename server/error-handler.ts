@@ -52,7 +52,8 @@ export function registerErrorHandling(app: FastifyInstance): void {
     const gw = app.gateway;
     // The request's one line (SPEC §10), unless the pipeline wrote it: a refusal the gateway made
     // at info; a failure (5xx) at warn, or at error for a bug, with what went wrong.
-    const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS, failure?: { level: 'warn' | 'error'; err: unknown }) => {
+    /** The request's one line and its count, unless the pipeline wrote them. */
+    const account = (status: number, code: string, failure?: { level: 'warn' | 'error'; err: unknown }, msg = 'request refused') => {
       if (!request.settledLogged) {
         const model = request.routedModel ?? null;
         const upstream = model === null ? null : (gw.upstreams.route(model)?.name ?? null);
@@ -61,13 +62,18 @@ export function registerErrorHandling(app: FastifyInstance): void {
         if (proxied(request)) {
           gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
           // Every refusal of a model request, under its error code (SPEC §11).
-          if (status < 500) gw.metrics.refusals.inc({ reason: code });
+          if (status < 500 && status !== 499) gw.metrics.refusals.inc({ reason: code });
+          // A refusal is gateway time through and through (planning, counting, admission).
+          if (status !== 408 && status !== 499) gw.metrics.overhead.observe({ route: routeLabel(request) }, reply.elapsedTime / 1000);
         }
         const line = { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream };
         if (failure) request.log[failure.level]({ ...line, err: failure.err }, 'request failed');
-        else request.log.info(line, 'request refused');
+        else request.log.info(line, msg);
         request.settledLogged = true;
       }
+    };
+    const answer = (status: number, code: string, body: unknown, headers: Record<string, string> = NO_RETRY_HEADERS, failure?: { level: 'warn' | 'error'; err: unknown }) => {
+      account(status, code, failure);
       return reply.code(status).headers(headers).send(body);
     };
     if (err instanceof GatewayError) {
@@ -88,8 +94,13 @@ export function registerErrorHandling(app: FastifyInstance): void {
       return answer(fe.statusCode, code, envelope(code, fe.message, 'invalid_request_error'));
     }
     if (clientGone(request, reply.raw)) {
-      // The client left (its request was aborted upstream and settled): nobody to answer.
+      // The client left (its request was aborted upstream and settled): nobody to answer. One that
+      // left while its body arrived, or whose body did not arrive in time (Node answered it 408:
+      // app.ts), was never planned: it still gets its line and its count.
       request.log.debug({ err: err.message }, 'client went away');
+      const timedOut = (request.raw.socket as { tollgateTimedOut?: boolean } | null)?.tollgateTimedOut === true;
+      if (timedOut) account(408, 'request_timeout');
+      else account(499, 'client_closed_request', undefined, 'request abandoned');
       return reply.code(499).send();
     }
     // A bug. Its stack is wanted even when a settled line (which has only its message) was written.

@@ -9,6 +9,9 @@ import { cacheKey, sharedTokenCache, type TokenCache } from '../token-cache.js';
 import { estimateTokens } from './byte-estimate.js';
 import { messageBoundaries, pastClosing, tokenDigests, tokensBefore, type Piece } from './prompt-boundaries.js';
 
+/** How much of a failed call's body its error keeps (a log line shows 200 characters of it). */
+const UPSTREAM_TEXT_KEPT = 4096;
+
 export class LlamaCppCountError extends Error {
   /**
    * The start of what the server answered, kept out of the message: an error about a template or a
@@ -78,7 +81,9 @@ export async function postJson<T>(
   }
   const text = await res.body.text();
   if (res.statusCode !== 200) {
-    throw new LlamaCppCountError(`llama.cpp ${method} ${path} at ${origin}${base} answered ${res.statusCode}`, { upstreamText: text.slice(0, 200) });
+    // Kept longer than a log line shows: the reader takes the upstream's key out (a server or a
+    // proxy before it may echo the request's headers) before it cuts the text short.
+    throw new LlamaCppCountError(`llama.cpp ${method} ${path} at ${origin}${base} answered ${res.statusCode}`, { upstreamText: text.slice(0, UPSTREAM_TEXT_KEPT) });
   }
   try {
     return JSON.parse(text) as T;

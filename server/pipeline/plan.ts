@@ -24,6 +24,7 @@ import { worstCaseUsd } from '../../pricing/turn-cost.js';
 import { BYTES_PER_ESTIMATED_TOKEN } from '../../metering/tokenizers/byte-estimate.js';
 import { EXACT_RECOUNT_BUDGET } from '../../metering/tokenizers/bounded-encode.js';
 import { LlamaCppCountError } from '../../metering/tokenizers/llamacpp-counter.js';
+import { redactBodyText } from './upstream-key.js';
 import { runBudgetFor } from '../../metering/stores/admission-check.js';
 import { ageMs } from '../../metering/clock-skew.js';
 
@@ -254,7 +255,8 @@ async function countAll(
     // estimate, labelled as such, rather than refuse; the upstream call will tell the rest.
     const due = gw.warnings.due(`tokenizer-down:${upstream.name}`);
     // What the server said may quote the prompt: logged only where prompts are (`logging.prompts`).
-    const said = gw.config.logging.prompts && err instanceof LlamaCppCountError && err.upstreamText ? { upstream_text: err.upstreamText } : {};
+    // Never the upstream's key, though: a server (or a proxy before it) may echo the request's headers.
+    const said = gw.config.logging.prompts && err instanceof LlamaCppCountError && err.upstreamText ? { upstream_text: redactBodyText(err.upstreamText, upstream.apiKey).slice(0, 200) } : {};
     if (due) gw.log.warn({ upstream: upstream.name, err: (err as Error).message, ...said, held_back: due.heldBack }, 'tokenizer unavailable, using byte estimate');
     return countRows(valid.kind, valid.model, request, gw.counters.estimate);
   }

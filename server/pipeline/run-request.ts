@@ -65,18 +65,25 @@ async function planAndRelay(
   // A research round the upstream refused for its context window (one the gateway did not know, or
   // counted under) is planned once more, as its final answer (seed 001: a run ends in an answer);
   // its first attempt is refunded.
-  let outgrown: { contextWindow: number | null } | undefined;
+  let outgrown: Outgrown | undefined;
   for (;;) {
     const planOnce = () => planRequest(gw, valid, principal, headers, outgrown ? { outgrown } : {});
-    const plan = await admit(gw, await planOnce(), planOnce);
-    const ended = await relayPlan(gw, kind, request, reply, plan, t0);
+    let plan: Plan;
+    try {
+      plan = await admit(gw, await planOnce(), planOnce);
+    } catch (err) {
+      // The answer was refused in its turn: the first attempt is said on a line of its own.
+      if (outgrown) request.log.info({ ...outgrown.attempt }, 'the upstream refused a research round for its context window: its final answer was not sent');
+      throw err;
+    }
+    const ended = await relayPlan(gw, kind, request, reply, plan, t0, outgrown);
     if (!ended || outgrown) return;
     outgrown = ended;
   }
 }
 
 /** Stages 5–7 for an admitted plan, settled whatever happens. */
-async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply, plan: Plan, t0: number): Promise<Outgrown | void> {
+async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply, plan: Plan, t0: number, prior?: Outgrown): Promise<Outgrown | void> {
   // From here the request holds a reservation: whatever happens, it is settled before the error
   // leaves (else it would stay reserved until a restart charged it in full).
   const once: Once = { settling: false, log: null };
@@ -88,7 +95,7 @@ async function relayPlan(gw: Gateway, kind: EndpointKind, request: FastifyReques
   // Admitted after the deadline (the ledger was slow): stopped before it is sent, refunded whole.
   if (gw.drain.signal.aborted) onDrain();
   try {
-    return await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort);
+    return await relayAdmitted(gw, kind, request, reply, plan, t0, once, abort, prior);
   } catch (caught) {
     const err = abort.signal.reason === SHUTTING_DOWN && !(caught instanceof GatewayError) ? stoppedByShutdown() : caught;
     if (!once.settling) {
@@ -134,7 +141,12 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
 }
 
 /** A research round the upstream refused for its context: planned again as its final answer, in the window the refusal named (if any). */
-type Outgrown = { contextWindow: number | null };
+type Outgrown = {
+  contextWindow: number | null;
+  /** The refused attempt's time at the upstream, and what its line would have said. */
+  upstreamMs: number;
+  attempt: { id: string; upstream: string; status: number; upstream_ms: number; refund_tokens: number | null };
+};
 
 /** Set when settlement begins; `log` writes the request's one line, once the stages have made it. */
 interface Once {
@@ -155,6 +167,7 @@ async function relayAdmitted(
   t0: number,
   once: Once,
   abort: AbortController,
+  prior?: Outgrown,
 ): Promise<Outgrown | void> {
   const settle: typeof settleOutcome = (...args) => {
     once.settling = true;
@@ -196,7 +209,7 @@ async function relayAdmitted(
     if (settledElsewhere !== undefined) settled = settledElsewhere;
     if (upstreamCalled && upstreamMs === 0) upstreamMs = performance.now() - tForward;
     const total = performance.now() - t0;
-    const overhead = Math.max(0, total - upstreamMs) / 1000;
+    const overhead = Math.max(0, total - upstreamMs - (prior?.upstreamMs ?? 0)) / 1000;
     m.overhead.observe({ route: kind }, overhead);
     // Only a request some upstream was sent has an upstream duration.
     if (upstreamCalled) m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
@@ -206,8 +219,11 @@ async function relayAdmitted(
         ? null
         : failure instanceof GatewayError
           ? { code: failure.code, err: gw.config.logging.prompts ? failure.message : (failure.logMessage ?? failure.message) }
-          : { err: (failure as Error)?.message ?? String(failure) };
-    request.log[failed ? 'warn' : 'info'](
+          : isLogFailure(failure)
+            ? { code: failure.code, err: failure.message }
+            : { err: (failure as Error)?.message ?? String(failure) };
+    const level = failed === null ? 'info' : isLogFailure(failure) && failure.level === 'info' ? 'info' : 'warn';
+    request.log[level](
       {
         id: plan.id,
         tenant: plan.principal.tenant,
@@ -223,7 +239,10 @@ async function relayAdmitted(
         refund_tokens: settled?.refundTokens ?? null,
         cost_usd: settled?.costUsd ?? null,
         overhead_ms: Math.round(overhead * 1e6) / 1e3,
-        upstream_ms: Math.round(upstreamMs * 1e3) / 1e3,
+        upstream_ms: Math.round((upstreamMs + (prior?.upstreamMs ?? 0)) * 1e3) / 1e3,
+        // A research round the upstream refused for its context, sent again as the final answer: the
+        // first attempt (its own ledger row) rides on this, the request's one line.
+        ...(prior ? { outgrown_attempt: prior.attempt } : {}),
         // Prompt text only when the operator turned it on (`logging.prompts`; SPEC §10).
         ...(gw.config.logging.prompts ? { prompt: plan.valid.messages ?? plan.valid.body.prompt ?? plan.valid.body.input ?? null } : {}),
         ...failed,
@@ -289,15 +308,21 @@ async function relayAdmitted(
       // past a known window is — in the window the refusal names, where none is known here.
       const done = await refundedFailure(res.statusCode);
       m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
-      request.log.info(
-        { id: plan.id, upstream: plan.upstream.name, status: res.statusCode, upstream_ms: Math.round(upstreamMs * 1e3) / 1e3, refund_tokens: done?.refundTokens ?? null },
-        'the upstream refused a research round for its context window: sent as the final answer',
-      );
-      return { contextWindow: windowInOverflow(body) };
+      // Said on the request's one line, by the final answer that follows (or on its own if that is refused).
+      return {
+        contextWindow: windowInOverflow(body),
+        upstreamMs,
+        attempt: { id: plan.id, upstream: plan.upstream.name, status: res.statusCode, upstream_ms: Math.round(upstreamMs * 1e3) / 1e3, refund_tokens: done?.refundTokens ?? null },
+      };
     }
     const failed = await refundedFailure(res.statusCode);
     if (!failed) return;
-    finishLog(res.statusCode);
+    const said = (body.error as { code?: unknown; message?: unknown } | undefined) ?? {};
+    finishLog(res.statusCode, {
+      code: typeof said.code === 'string' || typeof said.code === 'number' ? String(said.code).slice(0, 64) : 'upstream_error',
+      message: gw.config.logging.prompts && typeof said.message === 'string' ? said.message : `upstream "${plan.upstream.name}" answered ${res.statusCode} (its message is not logged: it may repeat the prompt)`,
+      level: res.statusCode >= 500 ? 'warn' : 'info',
+    });
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
     // only the gateway's refusals final).
     const final = upstreamErrorIsFinal(plan.upstream.config.kind, res.statusCode, body) ? { 'x-should-retry': 'false' } : {};
@@ -445,7 +470,34 @@ async function relayAdmitted(
     raw.write(closingComment(settled, fallback || streamed.excerptAppended));
     raw.end('data: [DONE]\n\n');
   }
-  finishLog(outcome.status);
+  // A stream that ended in error is said so, with the code the client's error event had, as the
+  // same failure unstreamed is (its message only where prompts are logged: it may quote them).
+  const e = streamed.upstreamError as { code?: unknown; message?: unknown } | null;
+  const streamFailure: LogFailure | undefined = !upstreamFailed || answered || streamed.clientGone
+    ? undefined
+    : draining()
+      ? { code: 'shutting_down', message: 'the gateway stopped the stream as it shut down' }
+      : e === null
+        ? { code: 'upstream_lost', message: `the connection to upstream "${plan.upstream.name}" was lost part way through the stream` }
+        : {
+            code: typeof e.code === 'string' || typeof e.code === 'number' ? String(e.code).slice(0, 64) : 'upstream_error',
+            message:
+              gw.config.logging.prompts && typeof e.message === 'string'
+                ? e.message
+                : `the stream from upstream "${plan.upstream.name}" ended in error (its message is not logged: it may repeat the prompt)`,
+          };
+  finishLog(outcome.status, streamFailure);
+}
+
+/** A failure said on a request's line without a GatewayError: its code, a message safe to log, its level (warn). */
+interface LogFailure {
+  code: string;
+  message: string;
+  level?: 'info' | 'warn';
+}
+
+function isLogFailure(v: unknown): v is LogFailure {
+  return typeof v === 'object' && v !== null && !(v instanceof Error) && typeof (v as LogFailure).code === 'string' && typeof (v as LogFailure).message === 'string';
 }
 
 function isJsonType(contentType: string | string[] | undefined): boolean {
