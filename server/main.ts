@@ -23,6 +23,8 @@ const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 const DEFAULT_DRAIN_MS = 25_000;
 /** A signal within this long of the first is taken as the same one, delivered twice (ms). */
 const SAME_SIGNAL_MS = 1_000;
+/** The signals that stop the gateway (SIGHUP too: see below). */
+const STOP_SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
 /** How much longer than the drain a stopping gateway waits before it exits whatever is left (ms). */
 const HARD_EXIT_AFTER_DRAIN_MS = 5_000;
 
@@ -95,6 +97,16 @@ async function main(): Promise<void> {
   // A ledger file that is not there holds no keys either, and a refused start does not make one.
   if (config.auth.keys.length === 0 && !loopback && config.store.kind === 'sqlite' && !existsSync(config.store.path)) refuseWithoutKeys();
 
+  // A signal while the gateway is still starting (its tokenizers loading, or a wait of up to a
+  // drain for another process to let go of the SQLite file) stops it there: nothing is in flight,
+  // and a stop is exit 0, said on stderr as every other end of a start is. SQLite's locks and
+  // transactions need no closing: the operating system drops the one and the file undoes the other.
+  const stopStarting = (signal: NodeJS.Signals) => {
+    process.stderr.write(`tollgate: ${signal} before the start finished: stopped\n`);
+    process.exit(0);
+  };
+  for (const signal of STOP_SIGNALS) process.on(signal, stopStarting);
+
   // The price overrides file is read while the app is built: a bad one is a config problem too.
   // A gateway still stopping holds the SQLite file for up to its drain and hard exit: a new one
   // (a restart) waits at least that long for it, with 5 s to spare.
@@ -117,6 +129,7 @@ async function main(): Promise<void> {
     }
     app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
   }
+  for (const signal of STOP_SIGNALS) process.off(signal, stopStarting);
   let closing = false;
   let firstSignalAt = 0;
   let stopNow: (() => void) | null = null;
@@ -184,7 +197,9 @@ async function main(): Promise<void> {
   // The port it got (TOLLGATE_PORT=0 asks for any free one).
   const address = app.server.address();
   const listening = typeof address === 'object' && address !== null ? address.port : port;
-  app.log.info({ host, port: listening, store: config.store.kind, upstreams: config.upstreams.map((u) => u.name) }, 'tollgate listening');
+  // Which upstreams, of which kind and where: the zero-config default says what it chose.
+  const upstreams = config.upstreams.map((u) => ({ name: u.name, kind: u.kind, baseUrl: u.baseUrl, models: u.models }));
+  app.log.info({ host, port: listening, store: config.store.kind, upstreams }, 'tollgate listening');
 }
 
 main().catch((err: unknown) => {

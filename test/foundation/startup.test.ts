@@ -33,6 +33,8 @@ t.test('no config: listens on TOLLGATE_PORT at 127.0.0.1 and /healthz answers', 
     .map((l) => JSON.parse(l) as { host: string; port: number; store: string });
   t.equal(listening.length, 1);
   t.match(listening[0], { host: '127.0.0.1', port, store: 'sqlite' });
+  // It says what the default chose, and where (regression: the upstream's name alone).
+  t.same((listening[0] as unknown as { upstreams: unknown }).upstreams, [{ name: 'local', kind: 'llamacpp', baseUrl: 'http://127.0.0.1:8080', models: ['*'] }]);
   t.notMatch(s.stdout(), /tokenizers loaded/, 'a llama.cpp upstream counts with its own tokenizer: no tiktoken to load');
 
   // 3. SIGTERM shuts down gracefully with exit code 0
@@ -151,6 +153,27 @@ t.test('TOLLGATE_HOST set but empty is the default 127.0.0.1', async (t) => {
     .split('\n')
     .find((l) => l.includes('tollgate listening'));
   t.match(JSON.parse(line ?? '{}'), { host: '127.0.0.1', port });
+});
+
+// Regression (twenty-first session): a signal before the gateway served (its tokenizers loading, a
+// wait for the SQLite file another process holds) ended it by the signal's default: exit 143, no line.
+t.test('a signal while the start waits for the ledger stops it there: exit 0, said on stderr, the other gateway untouched', async (t) => {
+  const dir = tempDir(t);
+  const config = minimalConfig(dir, {});
+  const first = startConfigured(t, dir, config, { TOLLGATE_PORT: String(await freePort()) });
+  t.equal(await exitedOrListening(t, first), 'listening');
+  const second = startConfigured(t, dir, config, { TOLLGATE_PORT: String(await freePort()) });
+  while (!second.stdout().includes('waiting for it to stop')) {
+    if (second.child.exitCode !== null) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  t.match(second.stdout(), 'waiting for it to stop', 'the second start waits for the file');
+  second.child.kill('SIGTERM');
+  t.equal(await second.exited, 0, 'stopped, as a stop is');
+  t.match(second.stderr(), 'tollgate: SIGTERM before the start finished: stopped');
+  t.equal(first.child.exitCode, null, 'the gateway serving the file goes on');
+  first.child.kill('SIGTERM');
+  t.equal(await first.exited, 0);
 });
 
 t.test('TOLLGATE_PORT=0 listens on a free port, and the start line says which (it said 0)', async (t) => {
