@@ -2,8 +2,8 @@
 //   {"models": {"<model>": {"input_mtok", "cache_read_mtok", "output_mtok", "source", "date"}}}
 // (and, for audio models, "input_audio_mtok" and "output_audio_mtok": audio tokens' own rates)
 // USD per million tokens, genai-prices' field names. Read once at start; every bad field is named
-// in the error the way the config's are (`prices.models["x"].input_mtok: must be …`), so the
-// operator knows exactly what to fix.
+// in the error as a path in the file (`prices.overrides p.json: models["x"].input_mtok: must be …`),
+// so the operator knows exactly what to fix, and where.
 
 import { readFileSync } from 'node:fs';
 import type { ModelPrice } from './model-price.js';
@@ -29,8 +29,10 @@ function isPrice(v: unknown): v is number {
  * (without a cache-read price, cached input is billed as input — never guessed cheaper).
  */
 export function parsePriceOverrides(raw: unknown, file: string): Map<string, ModelPrice> {
+  // Named as a path in the file, after the config field that names the file: the config's own
+  // `prices` holds no `models` (regression: `prices.models["m"].date` sent operators to the config).
   const fail = (where: string, msg: string): never => {
-    throw new PriceOverridesError(`prices${where}: ${msg} (in ${file})`);
+    throw new PriceOverridesError(`prices.overrides ${file}: ${where === '' ? 'the file' : where.replace(/^\./, '')}: ${msg}`);
   };
   if (!isObj(raw)) fail('', 'must be an object like {"models": {…}}');
   const doc = raw as Record<string, unknown>;

@@ -115,21 +115,21 @@ t.test('an override wins for every name the catalogue resolves to its model (reg
   t.equal(table.lookup('house-model-2'), null);
 });
 
-t.test('override validation names the field', async (t) => {
+t.test('override validation names the field, as a path in the file it is in', async (t) => {
   const bad = (raw: unknown, re: RegExp) => t.throws(() => parsePriceOverrides(raw, 'p.json'), re);
-  bad({ models: { x: { input_mtok: -1, output_mtok: 1, date: '2026-01-01' } } }, /^prices\.models\["x"\]\.input_mtok: must be a non-negative number/);
-  bad({ models: { x: { input_mtok: 1, output_mtok: '2', date: '2026-01-01' } } }, /prices\.models\["x"\]\.output_mtok: must be a non-negative number/);
-  bad({ models: { x: { input_mtok: 1, output_mtok: 2, cache_read_mtok: NaN, date: '2026-01-01' } } }, /prices\.models\["x"\]\.cache_read_mtok/);
-  bad({ models: { x: { input_mtok: 1, output_mtok: 2 } } }, /prices\.models\["x"\]\.date: must be a date/);
+  bad({ models: { x: { input_mtok: -1, output_mtok: 1, date: '2026-01-01' } } }, /^prices\.overrides p\.json: models\["x"\]\.input_mtok: must be a non-negative number/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: '2', date: '2026-01-01' } } }, /prices\.overrides p\.json: models\["x"\]\.output_mtok: must be a non-negative number/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, cache_read_mtok: NaN, date: '2026-01-01' } } }, /prices\.overrides p\.json: models\["x"\]\.cache_read_mtok/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2 } } }, /prices\.overrides p\.json: models\["x"\]\.date: must be a date/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: 'yesterday' } } }, /\.date/);
-  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-02-30' } } }, /prices\.models\["x"\]\.date: must be a date/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-02-30' } } }, /prices\.overrides p\.json: models\["x"\]\.date: must be a date/);
   // Admission reserves input at the uncached price: a dearer cache read would make that no bound.
-  bad({ models: { x: { input_mtok: 2.5, cache_read_mtok: 25, output_mtok: 10, date: '2026-01-01' } } }, /prices\.models\["x"\]\.cache_read_mtok: must not be above input_mtok \(25 > 2\.5\)/);
-  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', input_mtoks: 1 } } }, /prices\.models\["x"\]\.input_mtoks: unknown field/);
+  bad({ models: { x: { input_mtok: 2.5, cache_read_mtok: 25, output_mtok: 10, date: '2026-01-01' } } }, /prices\.overrides p\.json: models\["x"\]\.cache_read_mtok: must not be above input_mtok \(25 > 2\.5\)/);
+  bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', input_mtoks: 1 } } }, /prices\.overrides p\.json: models\["x"\]\.input_mtoks: unknown field/);
   bad({ models: { x: { input_mtok: 1, output_mtok: 2, date: '2026-01-01', source: 7 } } }, /\.source: must be a string/);
-  bad({ models: [] }, /^prices\.models: must be an object/);
-  bad({ model: {} }, /^prices\.model: unknown field/);
-  bad([], /^prices: must be an object/);
+  bad({ models: [] }, /^prices\.overrides p\.json: models: must be an object/);
+  bad({ model: {} }, /^prices\.overrides p\.json: model: unknown field \(expected models\)$/);
+  bad([], /^prices\.overrides p\.json: the file: must be an object/);
   t.throws(() => parsePriceOverrides([], 'p.json'), PriceOverridesError);
 });
 
@@ -167,7 +167,7 @@ t.test('a price is remembered for its minute of the wall clock; a clock stepped 
 t.test('overrides: audio rates are read, and checked like the others', async (t) => {
   const prices = parsePriceOverrides({ models: { 'my-audio': { input_mtok: 2.5, output_mtok: 10, input_audio_mtok: 40, output_audio_mtok: 80, date: '2026-11-01' } } }, 'prices.json');
   t.match(prices.get('my-audio'), { inputAudioMtok: 40, outputAudioMtok: 80 });
-  t.throws(() => parsePriceOverrides({ models: { m: { input_mtok: 1, output_mtok: 1, input_audio_mtok: -1, date: '2026-11-01' } } }, 'prices.json'), /\.models\["m"\]\.input_audio_mtok: must be a non-negative number/);
+  t.throws(() => parsePriceOverrides({ models: { m: { input_mtok: 1, output_mtok: 1, input_audio_mtok: -1, date: '2026-11-01' } } }, 'prices.json'), /prices\.json: models\["m"\]\.input_audio_mtok: must be a non-negative number/);
 });
 
 // An outside audit: a price was remembered for a minute from whenever it was asked, so DeepSeek's
