@@ -181,6 +181,13 @@ export interface ConversationSpend {
   planWorkUsd: number;
   /** What the conversations below this one spent: children, their children, … (ADR 0018). */
   tasksUsd: number;
+  /**
+   * Turns of this conversation whose cost is unknown (settled with `costUsd` null: a metered model
+   * without a price). `spentUsd` sums the known costs only; this says how many it leaves out.
+   */
+  unpricedTurns: number;
+  /** The same for the conversations below, beside `tasksUsd`. */
+  tasksUnpricedTurns: number;
   /** Worst-case USD reserved by this conversation's requests still in flight, and those below's. */
   reservedUsd: number;
   turns: number;
@@ -190,7 +197,16 @@ export interface ConversationSpend {
    * (USD per million input + output tokens) a model may have to get it. Null until such a refusal.
    */
   roomCeilingMtok: number | null;
-  byModel: Record<string, { turns: number; spentUsd: number }>;
+  byModel: Record<string, { turns: number; spentUsd: number; unpricedTurns: number }>;
+}
+
+/** A tenant's month: settled spend, worst cases still reserved, and turns of unknown cost. */
+export interface TenantMonthSpend {
+  /** The known costs of the month's turns. */
+  spentUsd: number;
+  reservedUsd: number;
+  /** Turns of the month whose cost is unknown (as `ConversationSpend.unpricedTurns`). */
+  unpricedTurns: number;
 }
 
 export interface TenantRecord {
@@ -314,7 +330,7 @@ export interface Ledger {
    * while the 402 is being built has withdrawn the offer before it is recorded.
    */
   offerCapRoom(conversation: string, ceilingMtok: number, capUsd: number): Promise<void>;
-  tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }>;
+  tenantMonth(tenant: string, month: string): Promise<TenantMonthSpend>;
   /** True exactly once per tenant and month: the caller sends `budget-near`. */
   claimBudgetNearNotice(tenant: string, month: string): Promise<boolean>;
 

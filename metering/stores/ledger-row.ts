@@ -77,6 +77,16 @@ export function countsAsTurn(v: Pick<SettleValues, 'status' | 'chargeTokens'>): 
   return v.chargeTokens > 0 || (v.status !== null && v.status < 400);
 }
 
+/**
+ * Whether a settled request is a turn whose cost is unknown (`unpriced_turns`): a turn settled
+ * with no cost — a metered model without a price, or such a turn a crash left open, recovered at
+ * its worst case, which is null too. Its cost adds nothing to `spent_usd`; this counter says that
+ * something is missing from it (ADR 0006, SPEC §2: unknown is not 0).
+ */
+export function isUnpricedTurn(v: Pick<SettleValues, 'status' | 'chargeTokens' | 'costUsd'>): boolean {
+  return v.costUsd === null && countsAsTurn(v);
+}
+
 /** What a stored row needs to be settled: the amounts it reserved and where. */
 export interface OpenRow {
   state: string;

@@ -195,6 +195,16 @@ DROP INDEX IF EXISTS heads_by_key;`,
     // migration of the same number.
     sql: `ALTER TABLE conversations ADD COLUMN room_ceiling_mtok double precision;`,
   },
+  {
+    version: 11,
+    // Turns whose cost is unknown (ADR 0006): see the SQLite migration of the same number. A
+    // constant default is kept in the catalogue (PostgreSQL 11 and later): no rewrite of the tables.
+    // A ledger from before starts them at 0.
+    sql: `ALTER TABLE conversations ADD COLUMN unpriced_turns integer NOT NULL DEFAULT 0,
+  ADD COLUMN tasks_unpriced_turns integer NOT NULL DEFAULT 0;
+ALTER TABLE conversation_models ADD COLUMN unpriced_turns integer NOT NULL DEFAULT 0;
+ALTER TABLE tenant_months ADD COLUMN unpriced_turns integer NOT NULL DEFAULT 0;`,
+  },
 ];
 
 /** Identifiers we put into SQL ourselves (a schema name from configuration): plain names only. */

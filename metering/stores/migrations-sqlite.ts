@@ -196,6 +196,18 @@ DROP INDEX IF EXISTS heads_by_tenant;`,
     // only by a refusal that offered it; cleared when an operator sets the cap again.
     sql: `ALTER TABLE conversations ADD COLUMN room_ceiling_mtok REAL;`,
   },
+  {
+    version: 11,
+    // How many turns had a cost no one knows (a metered model without a price, allowed while no
+    // money limit applies; ADR 0006): spent_usd sums the known costs only, and these say how many
+    // it left out — the conversation's own turns, each model's, those of the conversations below
+    // (beside tasks_usd), and the tenant's month. Counters kept by settlement, as spent_usd is.
+    // A ledger from before starts them at 0: its turns of unknown cost were not counted.
+    sql: `ALTER TABLE conversations ADD COLUMN unpriced_turns INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conversations ADD COLUMN tasks_unpriced_turns INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conversation_models ADD COLUMN unpriced_turns INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tenant_months ADD COLUMN unpriced_turns INTEGER NOT NULL DEFAULT 0;`,
+  },
 ];
 
 /** Apply every pending migration; returns the schema version afterwards. */

@@ -12,6 +12,7 @@ import {
   RESERVATION_COLUMNS,
   ancestorsOfRow,
   countsAsTurn,
+  isUnpricedTurn,
   SETTLEMENT_COLUMNS,
   reservationColumns,
   settlementColumns,
@@ -173,6 +174,8 @@ export async function settleLocked(
   const w = row.worst_case_usd ?? 0;
   const cost = v.costUsd ?? 0;
   const turn = countsAsTurn(v);
+  // A turn of unknown cost adds nothing to the sums, and 1 to the counters that say so.
+  const unpriced = isUnpricedTurn(v) ? 1 : 0;
   await c.query('UPDATE runs SET used_tokens = used_tokens - $2 WHERE id = $1', [row.run, v.refundTokens]);
   // Conversations in id order, as in admission: its own, and the ones above as admission reserved
   // on them — whose tasks_usd is what those below spend (ADR 0018).
@@ -182,21 +185,23 @@ export async function settleLocked(
       await c.query(
         `UPDATE conversations SET reserved_usd = reserved_usd - $2, spent_usd = spent_usd + $3,
            saved_usd = saved_usd + $4, turns = turns + $7, plan_turns = plan_turns + $5,
-           plan_work_usd = plan_work_usd + $6 WHERE id = $1`,
-        [target, w, cost, v.savedUsd ?? 0, turn && v.billing === 'plan' ? 1 : 0, v.planWorkUsd ?? 0, turn ? 1 : 0],
+           plan_work_usd = plan_work_usd + $6, unpriced_turns = unpriced_turns + $8 WHERE id = $1`,
+        [target, w, cost, v.savedUsd ?? 0, turn && v.billing === 'plan' ? 1 : 0, v.planWorkUsd ?? 0, turn ? 1 : 0, unpriced],
       );
     } else {
       await c.query(
-        'UPDATE conversations SET reserved_usd = reserved_usd - $2, tasks_usd = tasks_usd + $3 WHERE id = $1',
-        [target, w, cost],
+        `UPDATE conversations SET reserved_usd = reserved_usd - $2, tasks_usd = tasks_usd + $3,
+           tasks_unpriced_turns = tasks_unpriced_turns + $4 WHERE id = $1`,
+        [target, w, cost, unpriced],
       );
     }
   }
   if (turn) await c.query(
-    `INSERT INTO conversation_models (conversation, model, turns, spent_usd) VALUES ($1, $2, 1, $3)
+    `INSERT INTO conversation_models (conversation, model, turns, spent_usd, unpriced_turns) VALUES ($1, $2, 1, $3, $4)
      ON CONFLICT (conversation, model) DO UPDATE SET turns = conversation_models.turns + 1,
-       spent_usd = conversation_models.spent_usd + excluded.spent_usd`,
-    [row.conversation, row.model, cost],
+       spent_usd = conversation_models.spent_usd + excluded.spent_usd,
+       unpriced_turns = conversation_models.unpriced_turns + excluded.unpriced_turns`,
+    [row.conversation, row.model, cost, unpriced],
   );
   const cols = settlementColumns(v, (b) => b);
   await c.query(SETTLE_ROW, [id, ...SETTLEMENT_COLUMNS.map((k) => cols[k])]);
@@ -204,11 +209,11 @@ export async function settleLocked(
   // The tenant month last: every request of the tenant queues on it, so it is held only for this
   // statement and the commit. It reports the month as this settlement leaves it.
   const month = await c.query<{ spent_usd: number; monthly_budget_usd: number | null }>(
-    `INSERT INTO tenant_months (tenant, month, spent_usd) VALUES ($1, $2, $4)
+    `INSERT INTO tenant_months (tenant, month, spent_usd, unpriced_turns) VALUES ($1, $2, $4, $5)
      ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = tenant_months.reserved_usd - $3,
-       spent_usd = tenant_months.spent_usd + $4
+       spent_usd = tenant_months.spent_usd + $4, unpriced_turns = tenant_months.unpriced_turns + $5
      RETURNING spent_usd, (SELECT monthly_budget_usd FROM tenants WHERE id = $1) AS monthly_budget_usd`,
-    [row.tenant, row.month, w, cost],
+    [row.tenant, row.month, w, cost, unpriced],
   );
   return { spentUsd: month.rows[0]!.spent_usd, monthlyBudgetUsd: month.rows[0]!.monthly_budget_usd ?? null };
 }

@@ -14,6 +14,7 @@ import type {
   Reservation,
   RunState,
   Settlement,
+  TenantMonthSpend,
   TenantRecord,
   ExportWindow,
 } from '../ledger.js';
@@ -242,18 +243,19 @@ export class PostgresLedger implements Ledger {
     const { rows } = await this.pool.query<Omit<ConversationSpend, 'byModel' | 'tenant'> & { tenant: string | null }>(
       `SELECT id AS conversation, tenant, parent, spent_usd AS "spentUsd", saved_usd AS "savedUsd",
          plan_turns AS "planTurns", plan_work_usd AS "planWorkUsd", tasks_usd AS "tasksUsd", reserved_usd AS "reservedUsd", turns,
-         cap_usd AS "capUsd", room_ceiling_mtok AS "roomCeilingMtok"
+         cap_usd AS "capUsd", room_ceiling_mtok AS "roomCeilingMtok", unpriced_turns AS "unpricedTurns",
+         tasks_unpriced_turns AS "tasksUnpricedTurns"
        FROM conversations WHERE id = $1`,
       [conversation],
     );
     const c = rows[0];
     if (!c) return null;
-    const models = await this.pool.query<{ model: string; turns: number; spent_usd: number }>(
-      'SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = $1 ORDER BY model',
+    const models = await this.pool.query<{ model: string; turns: number; spent_usd: number; unpriced_turns: number }>(
+      'SELECT model, turns, spent_usd, unpriced_turns FROM conversation_models WHERE conversation = $1 ORDER BY model',
       [conversation],
     );
     const byModel: ConversationSpend['byModel'] = {};
-    for (const m of models.rows) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd };
+    for (const m of models.rows) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd, unpricedTurns: m.unpriced_turns };
     return { ...c, tenant: c.tenant ?? '', byModel };
   }
 
@@ -281,13 +283,13 @@ export class PostgresLedger implements Ledger {
     );
   }
 
-  async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {
-    const { rows } = await this.pool.query<{ spentUsd: number; reservedUsd: number }>(
-      `SELECT spent_usd AS "spentUsd", reserved_usd AS "reservedUsd" FROM tenant_months
+  async tenantMonth(tenant: string, month: string): Promise<TenantMonthSpend> {
+    const { rows } = await this.pool.query<TenantMonthSpend>(
+      `SELECT spent_usd AS "spentUsd", reserved_usd AS "reservedUsd", unpriced_turns AS "unpricedTurns" FROM tenant_months
        WHERE tenant = $1 AND month = $2`,
       [tenant, month],
     );
-    return rows[0] ?? { spentUsd: 0, reservedUsd: 0 };
+    return rows[0] ?? { spentUsd: 0, reservedUsd: 0, unpricedTurns: 0 };
   }
 
   async claimBudgetNearNotice(tenant: string, month: string): Promise<boolean> {

@@ -21,20 +21,21 @@ export function prepareSqlite(db: Database.Database) {
         reserved_usd = reserved_usd + excluded.reserved_usd`),
     getConversation: s(`SELECT id, tenant, parent, cap_usd AS capUsd, spent_usd AS spentUsd,
       tasks_usd AS tasksUsd, reserved_usd AS reservedUsd, saved_usd, plan_turns, plan_work_usd, turns,
-      room_ceiling_mtok AS roomCeilingMtok
+      room_ceiling_mtok AS roomCeilingMtok, unpriced_turns, tasks_unpriced_turns
       FROM conversations WHERE id = ?`),
     settleConversation: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
       spent_usd = spent_usd + @cost, saved_usd = saved_usd + @saved, turns = turns + @turn,
-      plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work
+      plan_turns = plan_turns + @plan_turn, plan_work_usd = plan_work_usd + @plan_work,
+      unpriced_turns = unpriced_turns + @unpriced
       WHERE id = @id`),
     // A parent, or a conversation above it: what those below spend is its tasks_usd (ADR 0018).
     settleParent: s(`UPDATE conversations SET reserved_usd = reserved_usd - @release,
-      tasks_usd = tasks_usd + @cost WHERE id = @id`),
-    addModelTurn: s(`INSERT INTO conversation_models (conversation, model, turns, spent_usd)
-      VALUES (@conversation, @model, 1, @cost)
+      tasks_usd = tasks_usd + @cost, tasks_unpriced_turns = tasks_unpriced_turns + @unpriced WHERE id = @id`),
+    addModelTurn: s(`INSERT INTO conversation_models (conversation, model, turns, spent_usd, unpriced_turns)
+      VALUES (@conversation, @model, 1, @cost, @unpriced)
       ON CONFLICT (conversation, model) DO UPDATE SET turns = turns + 1,
-        spent_usd = spent_usd + excluded.spent_usd`),
-    modelSpend: s('SELECT model, turns, spent_usd FROM conversation_models WHERE conversation = ? ORDER BY model'),
+        spent_usd = spent_usd + excluded.spent_usd, unpriced_turns = unpriced_turns + excluded.unpriced_turns`),
+    modelSpend: s('SELECT model, turns, spent_usd, unpriced_turns FROM conversation_models WHERE conversation = ? ORDER BY model'),
     setCap: s(`INSERT INTO conversations (id, tenant, cap_usd) VALUES (@id, @tenant, @cap)
       ON CONFLICT (id) DO UPDATE SET cap_usd = excluded.cap_usd, room_ceiling_mtok = NULL,
         tenant = COALESCE(conversations.tenant, excluded.tenant)
@@ -52,11 +53,12 @@ export function prepareSqlite(db: Database.Database) {
     addRunTokens: s('UPDATE runs SET used_tokens = used_tokens + ? WHERE id = ?'),
 
     ensureMonth: s('INSERT INTO tenant_months (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
-    getMonth: s('SELECT spent_usd, reserved_usd FROM tenant_months WHERE tenant = ? AND month = ?'),
+    getMonth: s('SELECT spent_usd, reserved_usd, unpriced_turns FROM tenant_months WHERE tenant = ? AND month = ?'),
     reserveMonth: s(`INSERT INTO tenant_months (tenant, month, reserved_usd) VALUES (?, ?, ?)
       ON CONFLICT (tenant, month) DO UPDATE SET reserved_usd = reserved_usd + excluded.reserved_usd`),
     settleMonth: s(`UPDATE tenant_months SET reserved_usd = reserved_usd - @release,
-      spent_usd = spent_usd + @cost WHERE tenant = @tenant AND month = @month RETURNING spent_usd`),
+      spent_usd = spent_usd + @cost, unpriced_turns = unpriced_turns + @unpriced
+      WHERE tenant = @tenant AND month = @month RETURNING spent_usd`),
     claimNotice: s('INSERT INTO budget_notices (tenant, month) VALUES (?, ?) ON CONFLICT DO NOTHING'),
 
     getTenant: s('SELECT id, monthly_budget_usd FROM tenants WHERE id = ?'),

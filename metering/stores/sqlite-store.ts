@@ -17,6 +17,7 @@ import type {
   Reservation,
   RunState,
   Settlement,
+  TenantMonthSpend,
   TenantRecord,
   ExportWindow,
 } from '../ledger.js';
@@ -26,6 +27,7 @@ import {
   ancestorsOfRow,
   countsAsTurn,
   fromSettlement,
+  isUnpricedTurn,
   recoveredSettlement,
   reservationColumns,
   settlementColumns,
@@ -66,6 +68,8 @@ interface ConversationRecord extends MoneyScopeState {
   plan_work_usd: number;
   turns: number;
   roomCeilingMtok: number | null;
+  unpriced_turns: number;
+  tasks_unpriced_turns: number;
 }
 
 interface HeadRecord {
@@ -419,6 +423,8 @@ export class SqliteLedger implements Ledger {
     const w = row.worst_case_usd ?? 0;
     const cost = v.costUsd ?? 0;
     const turn = countsAsTurn(v);
+    // A turn of unknown cost adds nothing to the sums, and 1 to the counters that say so.
+    const unpriced = isUnpricedTurn(v) ? 1 : 0;
     this.q.addRunTokens.run(-v.refundTokens, row.run);
     this.q.settleConversation.run({
       id: row.conversation,
@@ -428,12 +434,13 @@ export class SqliteLedger implements Ledger {
       turn: turn ? 1 : 0,
       plan_turn: turn && v.billing === 'plan' ? 1 : 0,
       plan_work: v.planWorkUsd ?? 0,
+      unpriced,
     });
-    if (turn) this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost });
+    if (turn) this.q.addModelTurn.run({ conversation: row.conversation, model: row.model, cost, unpriced });
     // The conversations above, as admission reserved on them: their tasks_usd (ADR 0018).
-    for (const ancestor of ancestorsOfRow(row)) this.q.settleParent.run({ id: ancestor, release: w, cost });
+    for (const ancestor of ancestorsOfRow(row)) this.q.settleParent.run({ id: ancestor, release: w, cost, unpriced });
     this.q.ensureMonth.run(row.tenant, row.month);
-    const month = this.q.settleMonth.get({ tenant: row.tenant, month: row.month, release: w, cost }) as { spent_usd: number };
+    const month = this.q.settleMonth.get({ tenant: row.tenant, month: row.month, release: w, cost, unpriced }) as { spent_usd: number };
     this.q.settleRow.run({ id, ...settlementColumns(v, (b) => (b ? 1 : 0)) });
     const tenant = this.q.getTenant.get(row.tenant) as { monthly_budget_usd: number | null } | undefined;
     return { spentUsd: month.spent_usd, monthlyBudgetUsd: tenant?.monthly_budget_usd ?? null };
@@ -559,9 +566,9 @@ export class SqliteLedger implements Ledger {
   async conversationSpend(conversation: string): Promise<ConversationSpend | null> {
     const c = this.money(conversation);
     if (!c) return null;
-    const models = this.q.modelSpend.all(conversation) as { model: string; turns: number; spent_usd: number }[];
+    const models = this.q.modelSpend.all(conversation) as { model: string; turns: number; spent_usd: number; unpriced_turns: number }[];
     const byModel: ConversationSpend['byModel'] = {};
-    for (const m of models) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd };
+    for (const m of models) byModel[m.model] = { turns: m.turns, spentUsd: m.spent_usd, unpricedTurns: m.unpriced_turns };
     return {
       conversation: c.id,
       // A cap set before the first request leaves the owner unknown: it matches no tenant.
@@ -572,6 +579,8 @@ export class SqliteLedger implements Ledger {
       planTurns: c.plan_turns,
       planWorkUsd: c.plan_work_usd,
       tasksUsd: c.tasksUsd,
+      unpricedTurns: c.unpriced_turns,
+      tasksUnpricedTurns: c.tasks_unpriced_turns,
       // Includes in-flight reservations of the conversations below: they draw on its cap too.
       reservedUsd: c.reservedUsd,
       turns: c.turns,
@@ -591,9 +600,9 @@ export class SqliteLedger implements Ledger {
     this.q.offerCapRoom.run({ id: conversation, ceiling: ceilingMtok, cap: capUsd });
   }
 
-  async tenantMonth(tenant: string, month: string): Promise<{ spentUsd: number; reservedUsd: number }> {
-    const m = this.q.getMonth.get(tenant, month) as { spent_usd: number; reserved_usd: number } | undefined;
-    return { spentUsd: m?.spent_usd ?? 0, reservedUsd: m?.reserved_usd ?? 0 };
+  async tenantMonth(tenant: string, month: string): Promise<TenantMonthSpend> {
+    const m = this.q.getMonth.get(tenant, month) as { spent_usd: number; reserved_usd: number; unpriced_turns: number } | undefined;
+    return { spentUsd: m?.spent_usd ?? 0, reservedUsd: m?.reserved_usd ?? 0, unpricedTurns: m?.unpriced_turns ?? 0 };
   }
 
   async claimBudgetNearNotice(tenant: string, month: string): Promise<boolean> {

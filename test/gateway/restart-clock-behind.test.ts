@@ -31,6 +31,6 @@ t.test('SQLite: a reservation stamped after the restarted clock is still recover
   // 3. Recovered in full at start: nothing stays reserved, the worst case is spent.
   const [row] = await collect(gw.ledger.exportRows(null, null));
   t.match(row, { id: lost.id, state: 'recovered', charge_tokens: lost.promptCharge + lost.allowance, refund_tokens: 0, cost_usd: 0.5 });
-  t.same(await gw.ledger.tenantMonth('acme', '2026-11'), { spentUsd: 0.5, reservedUsd: 0 }, 'no money left reserved');
+  t.same(await gw.ledger.tenantMonth('acme', '2026-11'), { spentUsd: 0.5, reservedUsd: 0, unpricedTurns: 0 }, 'no money left reserved');
   t.equal((await gw.ledger.getRun('run-lost'))?.usedTokens, lost.promptCharge + lost.allowance, 'the run keeps the whole charge');
 });

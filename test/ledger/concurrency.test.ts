@@ -40,7 +40,7 @@ for (const factory of storeFactories(t)) {
     // 1. 200 at once at $0.25 worst case against $10: exactly 40 fit.
     const first = await admitAll(handles, Array.from({ length: 200 }, (_, i) => money(`c${i % 7}`, i)));
     t.equal(first.length, 40);
-    t.same(await store.ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0, reservedUsd: 10 });
+    t.same(await store.ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0, reservedUsd: 10, unpricedTurns: 0 });
     // 2. Settle those at a real $0.20 while 200 more race for what the settlements free up.
     const settles = first.map((r, i) =>
       handles[i % 2].settle(r.id, settlement(r, 10, { costUsd: 0.2 })),

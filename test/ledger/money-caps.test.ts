@@ -94,7 +94,7 @@ for (const factory of storeFactories(t)) {
     // Another month is another budget.
     t.same(await ledger.admit(reservation({ run: 'm2', worstCaseUsd: 0.75, month: '2025-07' })), { ok: true });
     await ledger.settle(a.id, settlement(a, 5, { costUsd: 0.5 }));
-    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.5, reservedUsd: 0 });
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.5, reservedUsd: 0, unpricedTurns: 0 });
     // Lifting the budget (null) admits anything.
     t.equal(await ledger.setTenantBudget('acme', null), true);
     t.same(await ledger.admit(reservation({ run: 'm1', worstCaseUsd: 100 })), { ok: true });
@@ -139,7 +139,7 @@ for (const factory of storeFactories(t)) {
     t.ok(Math.abs((spend?.spentUsd ?? 0) - 0.05) < 1e-9);
     t.equal(spend?.byModel['gpt-4o'].turns, 2);
     t.ok(Math.abs((spend?.byModel['gpt-4o'].spentUsd ?? 0) - 0.05) < 1e-9);
-    t.same(spend?.byModel['llama'], { turns: 1, spentUsd: 0 }, 'unknown cost counts as no money');
+    t.same(spend?.byModel['llama'], { turns: 1, spentUsd: 0, unpricedTurns: 1 }, 'unknown cost adds no money, and is counted as unknown');
     t.same(Object.keys(spend?.byModel ?? {}).sort(), ['claude-plan', 'gpt-4o', 'llama']);
     const rows = [];
     for await (const row of ledger.exportRows(null, null)) rows.push(row);

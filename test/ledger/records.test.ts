@@ -383,3 +383,44 @@ if (pgUrl) {
     t.equal(await ledger.findConversationByChain('key-1', 'acme', ['h1', 'h2', 'h3']), 'c-late');
   });
 }
+
+// Migration 11 adds the counters of turns whose cost is unknown (ADR 0006). A ledger from before
+// has spend and no such counters: it opens with them at 0 — its unpriced turns were added as $0
+// and cannot be told apart now — and counts from there.
+const SPEND_BEFORE_UNPRICED = [
+  `INSERT INTO conversations (id, tenant, parent, spent_usd, turns) VALUES ('c-then', 'acme', 'p-then', 0.4, 2), ('p-then', 'acme', NULL, 0, 0)`,
+  `UPDATE conversations SET tasks_usd = 0.4 WHERE id = 'p-then'`,
+  `INSERT INTO conversation_models (conversation, model, turns, spent_usd) VALUES ('c-then', 'gpt-4o', 2, 0.4)`,
+  `INSERT INTO tenant_months (tenant, month, spent_usd) VALUES ('acme', '2025-06', 0.4)`,
+];
+
+async function unpricedCountsFromZero(t: Test, ledger: Ledger): Promise<void> {
+  const c = await ledger.conversationSpend('c-then');
+  t.match(c, { spentUsd: 0.4, turns: 2, unpricedTurns: 0, tasksUnpricedTurns: 0 }, 'the spend is kept, no turn of unknown cost');
+  t.same(c?.byModel, { 'gpt-4o': { turns: 2, spentUsd: 0.4, unpricedTurns: 0 } });
+  t.match(await ledger.conversationSpend('p-then'), { tasksUsd: 0.4, unpricedTurns: 0, tasksUnpricedTurns: 0 });
+  t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.4, reservedUsd: 0, unpricedTurns: 0 });
+  // A turn of unknown cost after the upgrade is counted from 0.
+  const r = reservation({ conversation: 'c-then', parent: 'p-then', run: 'after-upgrade', model: 'gpt-unpriced-x' });
+  t.same(await ledger.admit(r), { ok: true });
+  await ledger.settle(r.id, settlement(r, 10, { costUsd: null }));
+  t.match(await ledger.conversationSpend('c-then'), { unpricedTurns: 1, turns: 3 });
+  t.match(await ledger.conversationSpend('p-then'), { tasksUnpricedTurns: 1 });
+  t.equal((await ledger.tenantMonth('acme', '2025-06')).unpricedTurns, 1);
+}
+
+t.test('sqlite: a ledger from before turns of unknown cost were counted opens with them at 0', async (t) => {
+  const ledger = await olderSqlite(t, 10, (old) => {
+    for (const sql of SPEND_BEFORE_UNPRICED) old.exec(sql);
+  });
+  await unpricedCountsFromZero(t, ledger);
+});
+
+if (pgUrl) {
+  t.test('postgres: a ledger from before turns of unknown cost were counted opens with them at 0', async (t) => {
+    const ledger = await olderPostgres(t, pgUrl, 10, async (admin) => {
+      for (const sql of SPEND_BEFORE_UNPRICED) await admin.query(sql);
+    });
+    await unpricedCountsFromZero(t, ledger);
+  });
+}

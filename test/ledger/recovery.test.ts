@@ -42,7 +42,7 @@ for (const factory of storeFactories(t)) {
     // 5. The in-flight one still settles normally.
     await ledger.settle(fresh.id, settlement(fresh, 0, { costUsd: 0 }));
     t.equal((await ledger.getRun('rr'))?.usedTokens, 570);
-    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: month.spentUsd, reservedUsd: 0 });
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: month.spentUsd, reservedUsd: 0, unpricedTurns: month.unpricedTurns });
   });
 }
 
@@ -118,7 +118,8 @@ for (const factory of storeFactories(t)) {
     t.match(rows.get(before.id), { state: 'recovered', refund_tokens: 0, cost_usd: 0.25 });
     t.match(rows.get(after.id), { state: 'recovered', refund_tokens: 0, cost_usd: 0.5 });
     t.match(rows.get(done.id), { state: 'settled', generated_tokens: 10 });
-    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.75, reservedUsd: 0 });
+    // `done` settled at the helper's cost, null: a turn of unknown cost.
+    t.same(await ledger.tenantMonth('acme', '2025-06'), { spentUsd: 0.75, reservedUsd: 0, unpricedTurns: 1 });
     // 3. Each finishes at the recovery, or at its own time when that is later: never before it began.
     t.equal(rows.get(before.id)?.finished_at, new Date(now).toISOString());
     t.equal(rows.get(after.id)?.finished_at, new Date(after.time).toISOString(), 'not before its own time');

@@ -25,7 +25,7 @@ for (const factory of storeFactories(t)) {
     t.same(await traces(ledger, { conversations: ['fresh', 'lead'], runs: ['fresh/run'] }), {
       conversations: [null, null],
       runs: [null],
-      month: { spentUsd: 0, reservedUsd: 0 },
+      month: { spentUsd: 0, reservedUsd: 0, unpricedTurns: 0 },
       rows: 0,
     });
   });
