@@ -268,6 +268,8 @@ const route: FastifyPluginAsync = async (app) => {
       month,
       // Sums of many turns: rounded like each turn, so no float dust shows (0.000945, not 0.0009450000000000001).
       spent_usd: roundUsd(m.spentUsd),
+      // Turns of the month whose cost is unknown: spent_usd leaves them out (ADR 0006).
+      unpriced_turns: m.unpricedTurns,
       reserved_usd: roundUsd(m.reservedUsd),
       monthly_budget_usd: tenant.monthlyBudgetUsd,
       remaining_usd: tenant.monthlyBudgetUsd === null ? null : roundUsd(Math.max(0, tenant.monthlyBudgetUsd - m.spentUsd - m.reservedUsd)),

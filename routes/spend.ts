@@ -8,17 +8,25 @@ import type { ConversationSpend } from '../metering/ledger.js';
 import { roundUsd } from '../pricing/model-price.js';
 import { isConversationId } from '../server/pipeline/plan.js';
 
-/** A conversation's spend as the API shows it: sums of many turns, rounded like each turn (1e-10 USD). */
+/**
+ * A conversation's spend as the API shows it: sums of many turns, rounded like each turn (1e-10 USD).
+ * Each sum of money sums the known costs; beside it, `unpriced_turns` counts the turns whose cost is
+ * unknown and it leaves out (SPEC §2: unknown is not $0; ADR 0006).
+ */
 export function spendView(s: ConversationSpend) {
-  const byModel: Record<string, { turns: number; spent_usd: number }> = {};
-  for (const [model, v] of Object.entries(s.byModel)) byModel[model] = { turns: v.turns, spent_usd: roundUsd(v.spentUsd) };
+  const byModel: Record<string, { turns: number; spent_usd: number; unpriced_turns: number }> = {};
+  for (const [model, v] of Object.entries(s.byModel)) {
+    byModel[model] = { turns: v.turns, spent_usd: roundUsd(v.spentUsd), unpriced_turns: v.unpricedTurns };
+  }
   return {
     conversation: s.conversation,
     spent_usd: roundUsd(s.spentUsd),
+    unpriced_turns: s.unpricedTurns,
     saved_usd: roundUsd(s.savedUsd),
     plan_turns: s.planTurns,
     plan_work_usd: roundUsd(s.planWorkUsd),
     tasks_usd: roundUsd(s.tasksUsd),
+    tasks_unpriced_turns: s.tasksUnpricedTurns,
     turns: s.turns,
     cap_usd: s.capUsd,
     by_model: byModel,

@@ -98,3 +98,58 @@ t.test('with "allow", a request of unknown cost starts only while its limits hav
   t.equal(month.status, 402);
   t.match((month.body as unknown as ErrorBody).error, { code: 'monthly_budget_reached', spent_usd: 0.03, needed_usd: null });
 });
+
+// An outside audit: allowed without a limit, an unpriced turn added $0 to every spend view, and
+// nothing said that any turn's cost was unknown — an operator billing from the views billed $0.
+// The sums stay the known costs; beside each, how many turns of unknown cost they leave out.
+t.test('spend views count the turns whose cost is unknown beside the sums (regression: they read as free)', async (t) => {
+  const { gw, metered } = await moneyWorld(t);
+  const own = { 'x-tollgate-conversation': 'u' };
+  const child = { 'x-tollgate-conversation': 'u-child', 'x-tollgate-parent': 'u' };
+  const spendOf = async (id: string) => (await call(gw.url, 'GET', `/v1/conversations/${id}/spend`, { authorization: `Bearer ${ALICE}` })).body;
+  const monthOf = async () => (await call(gw.url, 'GET', '/admin/tenants/alice/spend', ADMIN)).body;
+
+  // 1. Three unpriced turns: no cost header, $0 spent — and three turns of unknown cost.
+  for (let i = 0; i < 3; i++) {
+    const r = await chat(gw, ALICE, ask, own);
+    t.equal(r.status, 200);
+    t.equal(r.headers.get('x-tollgate-cost-usd'), null);
+  }
+  t.match(await spendOf('u'), { spent_usd: 0, unpriced_turns: 3, turns: 3, tasks_usd: 0, tasks_unpriced_turns: 0 });
+  t.same((await spendOf('u')).by_model, { 'gpt-unpriced-x': { turns: 3, spent_usd: 0, unpriced_turns: 3 } });
+  t.match(await monthOf(), { spent_usd: 0, unpriced_turns: 3 });
+
+  // 2. A priced turn, a local one and a plan one are turns of known cost: not counted.
+  for (const model of ['gpt-4o-mini', 'llama-local', 'plan-model']) t.equal((await chat(gw, ALICE, { ...ask, model }, own)).status, 200, model);
+  const mixed = await spendOf('u');
+  t.match(mixed, { unpriced_turns: 3, turns: 6 });
+  t.ok((mixed.spent_usd as number) > 0, 'the priced turn is spent');
+  const byModel = mixed.by_model as Record<string, { unpriced_turns: number }>;
+  t.same(Object.fromEntries(Object.entries(byModel).map(([m, v]) => [m, v.unpriced_turns])), {
+    'gpt-4o-mini': 0,
+    'gpt-unpriced-x': 3,
+    'llama-local': 0,
+    'plan-model': 0,
+  });
+
+  // 3. A child's unpriced turn: its own, and its parent's tasks_unpriced_turns beside tasks_usd.
+  t.equal((await chat(gw, ALICE, ask, child)).status, 200);
+  t.equal((await chat(gw, ALICE, { ...ask, model: 'gpt-4o-mini' }, child)).status, 200);
+  t.match(await spendOf('u-child'), { unpriced_turns: 1, tasks_unpriced_turns: 0, turns: 2 });
+  const parent = await spendOf('u');
+  t.match(parent, { unpriced_turns: 3, tasks_unpriced_turns: 1 });
+  t.ok((parent.tasks_usd as number) > 0, "the child's priced turn is in tasks_usd");
+
+  // 4. An upstream that fails before any output: no turn, so no turn of unknown cost either.
+  metered.options.failWith = { status: 503, body: { error: { message: 'overloaded', type: 'server_error', param: null, code: null } } };
+  t.equal((await chat(gw, ALICE, ask, own)).status, 503);
+  t.equal((await chat(gw, ALICE, ask, child)).status, 503);
+  delete metered.options.failWith;
+  t.match(await spendOf('u'), { unpriced_turns: 3, tasks_unpriced_turns: 1, turns: 6 });
+  t.match(await spendOf('u-child'), { unpriced_turns: 1, turns: 2 });
+
+  // 5. The month counts each turn once (the child's not again through its parent); the operator's
+  // view of a conversation says the same as the client's.
+  t.match(await monthOf(), { unpriced_turns: 4 });
+  t.match((await call(gw.url, 'GET', '/admin/conversations/u/spend', ADMIN)).body, { unpriced_turns: 3, tasks_unpriced_turns: 1 });
+});
