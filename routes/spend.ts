@@ -14,9 +14,11 @@ import { isConversationId } from '../server/pipeline/plan.js';
  * unknown and it leaves out (SPEC §2: unknown is not $0; ADR 0006).
  */
 export function spendView(s: ConversationSpend) {
-  const byModel: Record<string, { turns: number; spent_usd: number; unpriced_turns: number }> = {};
+  // A model's entry is SPEC §11's `{turns, spent_usd}`; `unpriced_turns` joins it only for a model
+  // with turns of unknown cost, so a priced or local model's entry keeps the contract's shape.
+  const byModel: Record<string, { turns: number; spent_usd: number; unpriced_turns?: number }> = {};
   for (const [model, v] of Object.entries(s.byModel)) {
-    byModel[model] = { turns: v.turns, spent_usd: roundUsd(v.spentUsd), unpriced_turns: v.unpricedTurns };
+    byModel[model] = { turns: v.turns, spent_usd: roundUsd(v.spentUsd), ...(v.unpricedTurns > 0 ? { unpriced_turns: v.unpricedTurns } : {}) };
   }
   return {
     conversation: s.conversation,

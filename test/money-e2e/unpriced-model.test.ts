@@ -124,13 +124,15 @@ t.test('spend views count the turns whose cost is unknown beside the sums (regre
   const mixed = await spendOf('u');
   t.match(mixed, { unpriced_turns: 3, turns: 6 });
   t.ok((mixed.spent_usd as number) > 0, 'the priced turn is spent');
-  const byModel = mixed.by_model as Record<string, { unpriced_turns: number }>;
+  const byModel = mixed.by_model as Record<string, { unpriced_turns?: number }>;
   t.same(Object.fromEntries(Object.entries(byModel).map(([m, v]) => [m, v.unpriced_turns])), {
-    'gpt-4o-mini': 0,
+    'gpt-4o-mini': undefined,
     'gpt-unpriced-x': 3,
-    'llama-local': 0,
-    'plan-model': 0,
+    'llama-local': undefined,
+    'plan-model': undefined,
   });
+  // A model of known cost keeps SPEC §11's {turns, spent_usd}, nothing more.
+  t.same(Object.keys(byModel['llama-local']!).sort(), ['spent_usd', 'turns']);
 
   // 3. A child's unpriced turn: its own, and its parent's tasks_unpriced_turns beside tasks_usd.
   t.equal((await chat(gw, ALICE, ask, child)).status, 200);
