@@ -16,6 +16,8 @@ export interface SharedPrefixInput {
   prefix: number[] | null;
   /** Digests of the token ids behind each `prefix[k]` (ChatCount.prefixDigests), where the counter saw them. */
   prefixDigests?: string[] | null;
+  /** The digest of this request's first `n` token ids (ChatCount.digestAt), where the counter holds them. */
+  digestAt?: (n: number) => string;
   model: string;
   toolHash: string;
   now: number;
@@ -85,6 +87,12 @@ export function sharedPrefixTokens(i: SharedPrefixInput): number {
   // The same count with other tokens is another rendering all the same (Llama 3.x writes today's
   // date into its system turn: a conversation that crosses midnight is read again from there).
   k = Math.min(k, lastSameTokens(prefix, head.prefix, i.prefixDigests, head.prefixDigests, k));
+  // And the tokens themselves, where this request's are at hand: the previous request's first
+  // head.prefix[k] tokens must begin this one too, whatever this request's own boundaries say. A
+  // template may write a message elsewhere once more follow it — Mistral v0.3 writes the system
+  // message into the last user turn, so turn 2 begins with the first question where turn 1 began
+  // with the system message, and the server reuses a few tokens of it (ADR 0004).
+  if (i.digestAt && head.prefixDigests) k = lastBoundaryBegun(k, head.prefix, head.prefixDigests, i.digestAt);
   if (k <= 0) return 0;
   // Same messages, same tokenizer: the counts agree; take the smaller to stay conservative.
   return Math.min(prefix[k] ?? 0, head.prefix[k] ?? Number.MAX_SAFE_INTEGER);
@@ -102,6 +110,23 @@ function lastSameTokens(prefix: number[], headPrefix: number[], digests: string[
     if (a !== undefined && b !== undefined && prefix[j] === headPrefix[j] && a !== b) return j - 1;
   }
   return k;
+}
+
+/**
+ * The last boundary up to `k` whose tokens, as the previous request counted and digested them,
+ * also begin this request. The boundaries' counts never decrease, so once one is not begun no later
+ * one is: a binary search, a digest of this request's leading tokens at each step.
+ */
+function lastBoundaryBegun(k: number, headPrefix: number[], headDigests: string[], digestAt: (n: number) => string): number {
+  const begun = (j: number) => headPrefix[j] !== undefined && headDigests[j] !== undefined && digestAt(headPrefix[j]!) === headDigests[j];
+  let lo = 0;
+  let hi = k;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (begun(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 /** prompt − max(0, shared − 16), never negative. */

@@ -105,6 +105,13 @@ export interface ChatCount {
    * `prefix[k]`, so a rendering that changed at the same count can be told apart (ADR 0004).
    */
   prefixDigests?: string[];
+  /**
+   * Where the counter holds the token ids (llama.cpp): the digest of the first `count` of them, made
+   * as `prefixDigests` are ('' past the last). The charge checks the previous request's boundaries
+   * with it (ADR 0004): a template that writes a message elsewhere once more follow it (Mistral v0.3
+   * moves the system message into the last user turn) shares only the tokens both begin with.
+   */
+  digestAt?: (count: number) => string;
   method: CountMethod;
   /**
    * True when the count is an upper bound, not exact: a pathological run of text was split, or an

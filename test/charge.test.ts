@@ -40,6 +40,34 @@ t.test('a message rendered to other tokens at the same count is not shared, nor 
   t.equal(sharedPrefixTokens({ ...current, head: yesterday }), 80, 'a request counted without them has none');
 });
 
+t.test("where this request's tokens are at hand, a boundary counts only if its tokens begin this request too", async (t) => {
+  // The previous request's digests at its own boundaries; this request begins with the first 30 of
+  // its tokens (u1), then parts (a template wrote a message elsewhere), whatever its own counts say.
+  const previous = head([12, 30, 50, 80], ['d12', 'd30', 'd50', 'd80']);
+  const begins = (upTo: number) => (n: number) => (n <= upTo ? `d${n}` : 'other');
+  const current = { chain: ['u1', 'a1', 't1', 'u2'], prefix: [20, 280, 290, 300, 310], model: 'm', toolHash: '', now: 1, upstream };
+  t.equal(sharedPrefixTokens({ ...current, head: previous, digestAt: begins(30) }), 30, 'u1 begins both: its 30 tokens, not the 80 the chain would give');
+  t.equal(sharedPrefixTokens({ ...current, head: previous, digestAt: begins(80) }), 80, 'all three begin both');
+  t.equal(sharedPrefixTokens({ ...current, head: previous, digestAt: begins(11) }), 0, 'parted before the first message ended');
+  t.equal(sharedPrefixTokens({ ...current, head: head([12, 30, 50, 80]), digestAt: begins(0) }), 80, 'a head without digests is not checked');
+  // Boundaries whose tokens are asked for: a binary search, not one digest each.
+  const asked: number[] = [];
+  const long = head(Array.from({ length: 1025 }, (_, k) => k * 10), Array.from({ length: 1025 }, (_, k) => `d${k * 10}`));
+  const chain = Array.from({ length: 1024 }, (_, k) => `m${k}`);
+  const sharedLong = sharedPrefixTokens({
+    chain: [...chain, 'next'],
+    prefix: Array.from({ length: 1026 }, (_, k) => k * 10),
+    model: 'm',
+    toolHash: '',
+    now: 1,
+    upstream,
+    head: { ...long, chain },
+    digestAt: (n) => (asked.push(n), n <= 5000 ? `d${n}` : 'other'),
+  });
+  t.equal(sharedLong, 5000);
+  t.ok(asked.length <= 11, `${asked.length} digests asked for 1,024 boundaries`);
+});
+
 t.test('the check applies to conversations whose assistant turns carry reasoning, which templates render by position', async (t) => {
   const { carriesReasoning } = await import('../server/pipeline/plan.js');
   t.equal(carriesReasoning({ role: 'assistant', content: 'Paris.' }), false, 'a plain reply');

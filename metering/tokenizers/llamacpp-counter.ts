@@ -7,7 +7,7 @@ import type { Dispatcher } from 'undici';
 import type { ChatCount, ChatMessage, ChatPrompt, CountMethod, TextCount, TokenCounter } from '../types.js';
 import { cacheKey, sharedTokenCache, type TokenCache } from '../token-cache.js';
 import { estimateTokens } from './byte-estimate.js';
-import { messageBoundaries, pastClosing, tokenDigests, tokensBefore, type Piece } from './prompt-boundaries.js';
+import { messageBoundaries, pastClosing, tokenDigestAt, tokenDigests, tokensBefore, type Piece } from './prompt-boundaries.js';
 
 /** How much of a failed call's body its error keeps (a log line shows 200 characters of it). */
 const UPSTREAM_TEXT_KEPT = 4096;
@@ -99,6 +99,7 @@ interface TokenizeResponse {
 /** How many whole-prompt counts a llama.cpp counter keeps, and how many message boundaries in all. */
 const MAX_REMEMBERED_PROMPTS = 256;
 const MAX_REMEMBERED_BOUNDARIES = 65_536;
+const MAX_REMEMBERED_IDS = 4 * 1024 * 1024;
 
 export class LlamaCppCounter implements TokenCounter {
   readonly method: CountMethod = 'llamacpp';
@@ -106,6 +107,7 @@ export class LlamaCppCounter implements TokenCounter {
   private readonly cache: TokenCache;
   private readonly chatCounts = new Map<string, ChatCount>();
   private rememberedBoundaries = 0;
+  private rememberedIds = 0;
 
   constructor(opts: LlamaCppCounterOptions) {
     this.opts = opts;
@@ -152,8 +154,15 @@ export class LlamaCppCounter implements TokenCounter {
     const counted = tokensBefore(rendered.prompt, pieces, bounds);
     const prefix = [counted[0]];
     for (let k = 0; k < prompt.messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));
-    const ids = pieces.map((p) => p.id);
-    const result: ChatCount = { tokens: pieces.length, prefix, prefixDigests: tokenDigests(ids, prefix), method: this.method, upperBound: false };
+    const ids = Int32Array.from(pieces, (p) => p.id);
+    const result: ChatCount = {
+      tokens: pieces.length,
+      prefix,
+      prefixDigests: tokenDigests(ids, prefix),
+      digestAt: (n) => tokenDigestAt(ids, n),
+      method: this.method,
+      upperBound: false,
+    };
     this.remember(key, result);
     return result;
   }
@@ -193,24 +202,28 @@ export class LlamaCppCounter implements TokenCounter {
   }
 
   /**
-   * Kept: the last 256 prompts' counts, and at most 65,536 message boundaries between them — each
-   * count holds a figure and a digest a message, and 256 prompts of 40,000 messages held 1.2 GB.
+   * Kept: the last 256 prompts' counts, at most 65,536 message boundaries between them — each
+   * count holds a figure and a digest a message, and 256 prompts of 40,000 messages held 1.2 GB —
+   * and at most 4 Mi token ids (16 MB), which each count holds for `digestAt`.
    */
   private remember(key: string, value: ChatCount): void {
     const size = (c: ChatCount) => c.prefix.length;
-    if (size(value) > MAX_REMEMBERED_BOUNDARIES) return;
+    if (size(value) > MAX_REMEMBERED_BOUNDARIES || value.tokens > MAX_REMEMBERED_IDS) return;
     const replaced = this.chatCounts.get(key);
     if (replaced !== undefined) {
       this.chatCounts.delete(key);
       this.rememberedBoundaries -= size(replaced);
+      this.rememberedIds -= replaced.tokens;
     }
     this.chatCounts.set(key, value);
     this.rememberedBoundaries += size(value);
-    while (this.chatCounts.size > MAX_REMEMBERED_PROMPTS || this.rememberedBoundaries > MAX_REMEMBERED_BOUNDARIES) {
+    this.rememberedIds += value.tokens;
+    while (this.chatCounts.size > MAX_REMEMBERED_PROMPTS || this.rememberedBoundaries > MAX_REMEMBERED_BOUNDARIES || this.rememberedIds > MAX_REMEMBERED_IDS) {
       const oldest = this.chatCounts.entries().next();
       if (oldest.done === true) break;
       this.chatCounts.delete(oldest.value[0]);
       this.rememberedBoundaries -= size(oldest.value[1]);
+      this.rememberedIds -= oldest.value[1].tokens;
     }
   }
 }

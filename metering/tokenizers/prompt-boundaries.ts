@@ -136,11 +136,11 @@ function matchAt(text: Buffer, pos: number, piece: Buffer): boolean {
  * 3.x writes today's date into its system turn) does not (ADR 0004). 16 base64url characters (96
  * bits): only ever compared with the same conversation's previous request.
  */
-export function tokenDigests(ids: readonly number[], counts: readonly number[]): string[] {
+export function tokenDigests(ids: readonly number[] | Int32Array, counts: readonly number[]): string[] {
   const hash = createHash('sha256');
   // The ids as one buffer of 32-bit words, fed to the hash a stretch at a time (a call a token was
   // ~5× slower: 12 ms for a 100,000-token prompt).
-  const words = Int32Array.from(ids);
+  const words = ids instanceof Int32Array ? ids : Int32Array.from(ids);
   const bytes = new Uint8Array(words.buffer, words.byteOffset, words.byteLength);
   let fed = 0;
   return counts.map((n) => {
@@ -151,4 +151,14 @@ export function tokenDigests(ids: readonly number[], counts: readonly number[]):
     }
     return hash.copy().digest('base64url').slice(0, 16);
   });
+}
+
+/**
+ * The digest of the first `n` ids, as `tokenDigests` makes it at a count of `n`; '' when there are
+ * fewer than `n` (no request of fewer tokens begins with `n` of another's).
+ */
+export function tokenDigestAt(words: Int32Array, n: number): string {
+  if (n > words.length) return '';
+  const bytes = new Uint8Array(words.buffer, words.byteOffset, n * 4);
+  return createHash('sha256').update(bytes).digest('base64url').slice(0, 16);
 }

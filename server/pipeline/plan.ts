@@ -502,7 +502,10 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   // 3. Shared prefix and charge (SPEC §4).
   const toolHash = toolHashOf(valid);
   const promptTokens = rows.sumTokens;
-  const cache = { prefixCache: upstream.config.prefixCache, prefixCacheTtlSeconds: upstream.config.prefixCacheTtlSeconds, serverId: upstream.serverId };
+  // A llama.cpp server takes `cache_prompt: false` (passed on as sent) as "read the whole prompt
+  // again": nothing of it is reused, so nothing is credited.
+  const cacheRefused = upstream.config.kind === 'llamacpp' && valid.body.cache_prompt === false;
+  const cache = { prefixCache: upstream.config.prefixCache && !cacheRefused, prefixCacheTtlSeconds: upstream.config.prefixCacheTtlSeconds, serverId: upstream.serverId };
   // A llama.cpp template may render an assistant turn's reasoning only while no user message
   // follows it (Qwen3): in such a conversation the counts must agree at every shared boundary
   // (ADR 0004). Not in others, where the check would cost credit for nothing: a turn counted by
@@ -512,7 +515,18 @@ export async function plan(gw: Gateway, valid: ValidRequest, principal: Principa
   const renderedByServer = counted.chat?.method === 'llamacpp' && (messages ?? []).some(carriesReasoning);
   // A head written under the old hashing of the same offer is this offer (legacyToolHashOf).
   const sameOfferHead = head && head.toolHash !== toolHash && head.toolHash === legacyToolHashOf(valid) ? { ...head, toolHash } : head;
-  let shared = sharedPrefixTokens({ head: sameOfferHead, chain, prefix: counted.chat?.prefix ?? null, prefixDigests: counted.chat?.prefixDigests, model: valid.model, toolHash, now: readAt, upstream: cache, renderedByServer });
+  let shared = sharedPrefixTokens({
+    head: sameOfferHead,
+    chain,
+    prefix: counted.chat?.prefix ?? null,
+    prefixDigests: counted.chat?.prefixDigests,
+    digestAt: counted.chat?.digestAt,
+    model: valid.model,
+    toolHash,
+    now: readAt,
+    upstream: cache,
+    renderedByServer,
+  });
   let promptCharge = promptChargeFor(promptTokens, shared);
   const runBudget = runBudgetFor(runState?.budgetTokens, bounds.tokenBudget);
   const remaining = runBudget === null ? null : runBudget - (runState?.usedTokens ?? 0);

@@ -52,6 +52,11 @@ export interface LlamaCppDoubleOptions {
    * rendering (a template that prints today's date there, as Llama 3.x's does).
    */
   systemPreamble?: () => string;
+  /**
+   * Not the recorded template: another model's, rendering the messages (and tools) the server was
+   * sent — what a server started with that model's GGUF and `--jinja` would render.
+   */
+  template?: (messages: TemplateMessage[], tools: unknown[] | undefined) => string;
 }
 
 export interface LlamaCppDouble {
@@ -202,6 +207,7 @@ class DoubleState {
    */
   private render(body: Json): string {
     const tools = Array.isArray(body.tools) && body.tool_choice !== 'none' ? (body.tools as unknown[]) : undefined;
+    if (this.opts.template) return this.opts.template(body.messages as TemplateMessage[], tools);
     return renderChat(body.messages as TemplateMessage[], tools, body.add_generation_prompt !== false, this.opts.systemPreamble?.());
   }
 
@@ -249,7 +255,12 @@ class DoubleState {
   }
 
   /** Reuse from the slot with the longest common prefix; at least one token is always evaluated. */
-  private admitPrompt(tokens: number[]): { slot: Slot; cacheN: number } {
+  /**
+   * The slot a prompt runs in (the one whose cached tokens share the longest prefix with it), and
+   * how many of its tokens that cache saves. `cache_prompt: false` (llama-server's request field,
+   * true by default; not in the recordings) saves none: the whole prompt is read again.
+   */
+  private admitPrompt(tokens: number[], cachePrompt: unknown = true): { slot: Slot; cacheN: number } {
     let best = this.slots[0];
     let bestLcp = -1;
     for (const slot of this.slots) {
@@ -259,7 +270,7 @@ class DoubleState {
         bestLcp = l;
       }
     }
-    return { slot: best, cacheN: Math.min(bestLcp, Math.max(0, tokens.length - 1)) };
+    return { slot: best, cacheN: cachePrompt === false ? 0 : Math.min(bestLcp, Math.max(0, tokens.length - 1)) };
   }
 
   /** Validation shared by chat and completions; returns true when it already answered. */
@@ -315,7 +326,7 @@ class DoubleState {
     if (this.invalid(body, res)) return;
     const prompt = tokenize(this.render(body));
     if (this.tooLong(prompt.length, res)) return;
-    const { slot, cacheN } = this.admitPrompt(prompt);
+    const { slot, cacheN } = this.admitPrompt(prompt, body.cache_prompt);
     const n = typeof body.n === 'number' ? body.n : 1;
     const spec = typeof this.opts.toolCalls === 'function' ? this.opts.toolCalls(body) : (this.opts.toolCalls ?? null);
     const { count, limit } = this.budget(body, prompt.length);
@@ -345,7 +356,7 @@ class DoubleState {
     for (const row of rows) if (this.tooLong(row.length, res)) return;
     const n = typeof body.n === 'number' ? body.n : 1;
     const results = rows.map((row) => {
-      const { slot, cacheN } = this.admitPrompt(row);
+      const { slot, cacheN } = this.admitPrompt(row, body.cache_prompt);
       const { count, limit } = this.budget(body, row.length);
       const gens = Array.from({ length: n }, (_, i) => generate(count, limit, i, null));
       slot.tokens = row.concat(gens[0].tokens);

@@ -63,6 +63,12 @@ t.test("each count carries digests of its tokens, and a rendering that changed i
   const { tokenDigests } = await import('../../metering/tokenizers/prompt-boundaries.js');
   t.same(tokenDigests([1, 2, 3], [0, 2, 3]), [tokenDigests([], [0])[0], tokenDigests([1, 2], [2])[0], tokenDigests([1, 2, 3, 4], [3])[0]]);
   t.not(tokenDigests([1, 2], [2])[0], tokenDigests([2, 1], [2])[0], 'order counts');
+  // And the digest at any count (the charge's check of a previous request's boundaries) is the same.
+  const { tokenDigestAt } = await import('../../metering/tokenizers/prompt-boundaries.js');
+  const words = Int32Array.from([1, 2, 3]);
+  t.same([0, 2, 3].map((n) => tokenDigestAt(words, n)), tokenDigests([1, 2, 3], [0, 2, 3]));
+  t.equal(tokenDigestAt(words, 4), '', 'past the last id: no digest of another request can match');
+  t.equal(after.digestAt!(after.prefix[1]!), after.prefixDigests![1], "a count's digestAt agrees with its own digests");
 });
 
 t.test('prefix[k] never exceeds the tokens the next turn really shares', async (t) => {
