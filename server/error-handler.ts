@@ -13,6 +13,10 @@ declare module 'fastify' {
     settledLogged?: boolean;
     /** A proxied request's model, once its body is valid (its upstream is looked up only on refusal). */
     routedModel?: string;
+    /** When the pipeline took a proxied request, its body read (performance.now()): its overhead starts there. */
+    pipelineStart?: number;
+    /** Time an earlier attempt of the request spent at its upstream (a research round refused for its context), ms. */
+    upstreamMsBefore?: number;
   }
 }
 
@@ -63,8 +67,13 @@ export function registerErrorHandling(app: FastifyInstance): void {
           gw.metrics.requests.inc({ route: routeLabel(request), upstream: upstream ?? '', status: String(status) });
           // Every refusal of a model request, under its error code (SPEC §11).
           if (status < 500 && status !== 499) gw.metrics.refusals.inc({ reason: code });
-          // A refusal is gateway time through and through (planning, counting, admission).
-          if (status !== 408 && status !== 499) gw.metrics.overhead.observe({ route: routeLabel(request) }, reply.elapsedTime / 1000);
+          // A refusal the pipeline made is gateway time through and through (planning, counting,
+          // admission), from the moment the body was read, as an admitted request's is: the
+          // client's upload is not the gateway's, nor an earlier attempt's time at its upstream.
+          if (request.pipelineStart !== undefined) {
+            const ms = performance.now() - request.pipelineStart - (request.upstreamMsBefore ?? 0);
+            gw.metrics.overhead.observe({ route: routeLabel(request) }, Math.max(0, ms) / 1000);
+          }
         }
         const line = { route: routeLabel(request), status, code, tenant: request.principal?.tenant ?? null, model, upstream };
         if (failure) request.log[failure.level]({ ...line, err: failure.err }, 'request failed');

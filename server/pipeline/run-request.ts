@@ -29,6 +29,7 @@ import type { Principal } from '../auth.js';
 
 export async function handleProxy(gw: Gateway, kind: EndpointKind, request: FastifyRequest, reply: FastifyReply): Promise<void> {
   const t0 = performance.now();
+  request.pipelineStart = t0;
   // SPEC §2's order: a malformed body is a 400 whoever sends it; then the key is checked. (A large
   // body whose key had already failed was not kept: its 401 is all there is to say.)
   if (request.bodyUnread) {
@@ -73,7 +74,10 @@ async function planAndRelay(
       plan = await admit(gw, await planOnce(), planOnce);
     } catch (err) {
       // The answer was refused in its turn: the first attempt is said on a line of its own.
-      if (outgrown) request.log.info({ ...outgrown.attempt }, 'the upstream refused a research round for its context window: its final answer was not sent');
+      if (outgrown) {
+        request.log.info({ ...outgrown.attempt }, 'the upstream refused a research round for its context window: its final answer was not sent');
+        request.upstreamMsBefore = outgrown.upstreamMs;
+      }
       throw err;
     }
     const ended = await relayPlan(gw, kind, request, reply, plan, t0, outgrown);

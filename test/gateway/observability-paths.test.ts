@@ -106,3 +106,26 @@ t.test('a research round the upstream refuses for its context, answered as the f
   t.equal(await metric(gw.registry, 'tollgate_requests_total'), 1, 'one count');
   t.equal(await metric(gw.registry, 'tollgate_upstream_duration_seconds_count'), 2, 'both upstream calls timed');
 });
+
+t.test("a refusal's overhead starts when its body has arrived: a slow client's upload is not gateway time", async (t) => {
+  const gw = await startGateway(t, { upstreams: [openaiUpstream('http://127.0.0.1:9', { billing: 'local' })], runs: { tokenBudget: 50 } });
+  const port = Number(new URL(gw.url).port);
+  const body = JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }], max_tokens: 100 });
+  // A quick refusal first (the encoder warms up): the slow one is measured alone.
+  t.equal((await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })).status, 402);
+  const before = await metric(gw.registry, 'tollgate_gateway_overhead_seconds_sum', { route: 'chat' });
+  const status = await new Promise<string>((resolve) => {
+    const s = connect(port, '127.0.0.1', () => {
+      s.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body.slice(0, 10)}`);
+      setTimeout(() => s.write(body.slice(10)), 1000); // the rest a second later: a slow uplink
+    });
+    let got = '';
+    s.on('data', (d) => (got += d.toString()));
+    s.on('close', () => resolve(got.split('\r\n')[0] ?? ''));
+    s.on('error', () => {});
+  });
+  t.match(status, / 402 /);
+  const overhead = (await metric(gw.registry, 'tollgate_gateway_overhead_seconds_sum', { route: 'chat' })) - before;
+  t.ok(overhead < 0.5, `${overhead.toFixed(3)} s observed for a refusal made in milliseconds after a 1 s upload`);
+  t.equal(await metric(gw.registry, 'tollgate_gateway_overhead_seconds_count', { route: 'chat' }), 2, 'and it was observed');
+});
