@@ -119,8 +119,10 @@ function lastSameTokens(prefix: number[], headPrefix: number[], digests: string[
  */
 function lastBoundaryBegun(k: number, headPrefix: number[], headDigests: string[], digestAt: (n: number) => string): number {
   const begun = (j: number) => headPrefix[j] !== undefined && headDigests[j] !== undefined && digestAt(headPrefix[j]!) === headDigests[j];
+  // The usual case, one hash: the previous request's boundaries all begin this one.
+  if (begun(k)) return k;
   let lo = 0;
-  let hi = k;
+  let hi = k - 1;
   while (lo < hi) {
     const mid = (lo + hi + 1) >> 1;
     if (begun(mid)) lo = mid;
