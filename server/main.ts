@@ -58,6 +58,15 @@ function exitIfConfigProblem(err: unknown): void {
 }
 
 async function main(): Promise<void> {
+  // A signal while the gateway is still starting (its host looked up, its tokenizers loading, or a
+  // wait of up to a drain for another process to let go of the SQLite file) stops it there: nothing is in flight,
+  // and a stop is exit 0, said on stderr as every other end of a start is. SQLite's locks and
+  // transactions need no closing: the operating system drops the one and the file undoes the other.
+  const stopStarting = (signal: NodeJS.Signals) => {
+    process.stderr.write(`tollgate: ${signal} before the start finished: stopped\n`);
+    process.exit(0);
+  };
+  for (const signal of STOP_SIGNALS) process.on(signal, stopStarting);
   const env = process.env;
   let config;
   try {
@@ -96,16 +105,6 @@ async function main(): Promise<void> {
   };
   // A ledger file that is not there holds no keys either, and a refused start does not make one.
   if (config.auth.keys.length === 0 && !loopback && config.store.kind === 'sqlite' && !existsSync(config.store.path)) refuseWithoutKeys();
-
-  // A signal while the gateway is still starting (its tokenizers loading, or a wait of up to a
-  // drain for another process to let go of the SQLite file) stops it there: nothing is in flight,
-  // and a stop is exit 0, said on stderr as every other end of a start is. SQLite's locks and
-  // transactions need no closing: the operating system drops the one and the file undoes the other.
-  const stopStarting = (signal: NodeJS.Signals) => {
-    process.stderr.write(`tollgate: ${signal} before the start finished: stopped\n`);
-    process.exit(0);
-  };
-  for (const signal of STOP_SIGNALS) process.on(signal, stopStarting);
 
   // The price overrides file is read while the app is built: a bad one is a config problem too.
   // A gateway still stopping holds the SQLite file for up to its drain and hard exit: a new one
