@@ -5,7 +5,7 @@ import t from 'tap';
 import { Writable } from 'node:stream';
 import { connect } from 'node:net';
 import type { Registry } from 'prom-client';
-import { startGateway, openaiUpstream } from '../helpers/gateway.js';
+import { startGateway, openaiUpstream, metricValue } from '../helpers/gateway.js';
 import { startOpenAiDouble } from '../doubles/openai.js';
 
 type Line = Record<string, unknown>;
@@ -14,13 +14,12 @@ function sink() {
   const stream = new Writable({ write(c: Buffer, _e, d) { out += c.toString(); d(); } });
   return { stream, lines: () => out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Line) };
 }
+/** A metric's value for these labels (a histogram's `_count` or `_sum` by its full name). */
 async function metric(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const base = name.replace(/_(count|sum)$/, '');
+  if (name.endsWith('_sum')) return metricValue(registry, name.slice(0, -'_sum'.length), labels);
+  const base = name.replace(/_count$/, '');
   const got = await registry.getSingleMetric(base)?.get();
-  if (!got) return 0;
-  return got.values
-    .filter((v) => ((v as { metricName?: string }).metricName ?? base) === name && Object.entries(labels).every(([k, want]) => String(v.labels[k]) === want))
-    .reduce((sum, v) => sum + v.value, 0);
+  return (got?.values ?? []).filter((v) => ((v as { metricName?: string }).metricName ?? base) === name && Object.entries(labels).every(([k, want]) => String(v.labels[k]) === want)).reduce((sum, v) => sum + v.value, 0);
 }
 const settle = () => new Promise((r) => setTimeout(r, 300));
 

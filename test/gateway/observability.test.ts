@@ -3,7 +3,7 @@
 // a whole refund; nothing is counted that did not happen.
 
 import t, { type Test } from 'tap';
-import { createServer, request as httpRequest } from 'node:http';
+import { createServer, request as httpRequest, type IncomingMessage } from 'node:http';
 import { Writable } from 'node:stream';
 import type { Registry } from 'prom-client';
 import { startGateway, openaiUpstream, type TestGateway } from '../helpers/gateway.js';
@@ -187,10 +187,11 @@ t.test('an embeddings request is observed in the divergence: its whole prompt is
   t.equal(await metric(gw.registry, 'tollgate_charge_divergence_tokens_sum'), 2 - 50, 'the charge (2 tokens) less the 50 the upstream says it read');
 });
 
-t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the log (unless prompts are logged)", async (t) => {
-  const llama = await startLlamaCppDouble({ completionTokens: 3 });
-  t.teardown(llama.close);
-  // The double behind a proxy whose /apply-template fails quoting the messages.
+/**
+ * The llama.cpp double behind a proxy whose `/apply-template` fails with a 500 saying `said(the
+ * request, its body)`; everything else is passed on.
+ */
+async function failingTemplate(t: Test, llamaUrl: string, said: (req: IncomingMessage, body: Buffer) => string): Promise<number> {
   const proxy = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -198,10 +199,10 @@ t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the l
       const body = Buffer.concat(chunks);
       if (req.url === '/apply-template') {
         res.writeHead(500, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ error: { code: 500, type: 'server_error', message: `Failed to parse messages: ${body.toString()}` } }));
+        res.end(JSON.stringify({ error: { code: 500, type: 'server_error', message: said(req, body) } }));
         return;
       }
-      const u = new URL(llama.url);
+      const u = new URL(llamaUrl);
       const on = httpRequest({ host: u.hostname, port: u.port, path: req.url, method: req.method, headers: req.headers }, (r) => {
         res.writeHead(r.statusCode ?? 500, r.headers);
         r.pipe(res);
@@ -209,7 +210,14 @@ t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the l
       on.end(body);
     });
   });
-  const port = await listen(t, proxy);
+  return listen(t, proxy);
+}
+
+t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the log (unless prompts are logged)", async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 3 });
+  t.teardown(llama.close);
+  // The double behind a proxy whose /apply-template fails quoting the messages.
+  const port = await failingTemplate(t, llama.url, (_req, body) => `Failed to parse messages: ${body.toString()}`);
   for (const prompts of [false, true]) {
     const log = logSink();
     const gw = await startGateway(
@@ -225,4 +233,22 @@ t.test("a llama.cpp tokenizer error that quotes the prompt keeps it out of the l
     if (prompts) t.match(String(warned?.upstream_text), /SECRET-4471/, 'with logging.prompts, what the server said');
     else t.notMatch(log.text(), /SECRET-4471/, 'by default, no prompt text anywhere in the log');
   }
+});
+
+t.test("a llama.cpp tokenizer error that echoes the request's headers keeps the upstream key out of the log, even with logging.prompts", async (t) => {
+  const llama = await startLlamaCppDouble({ completionTokens: 3 });
+  t.teardown(llama.close);
+  const port = await failingTemplate(t, llama.url, (req) => `bad request, headers: ${req.headers.authorization}`);
+  const log = logSink();
+  const key = 'sk-llama-upstream-key-5150';
+  const gw = await startGateway(
+    t,
+    { upstreams: [{ name: 'local', kind: 'llamacpp', baseUrl: `http://127.0.0.1:${port}`, apiKeyEnv: 'LLAMA_KEY', models: ['*'], billing: 'local' }], logging: { level: 'info', prompts: true } },
+    { logStream: log.stream, env: { LLAMA_KEY: key } },
+  );
+  const r = await post(gw.url, '/v1/chat/completions', { model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 });
+  t.equal(r.status, 200);
+  const warned = log.lines().find((l) => l.msg === 'tokenizer unavailable, using byte estimate');
+  t.match(String(warned?.upstream_text), /bad request, headers: Bearer \[redacted\]/, 'what the server said, without the key');
+  t.notMatch(log.text(), key, 'the key nowhere in the log');
 });
