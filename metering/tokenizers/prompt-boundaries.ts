@@ -4,7 +4,7 @@
 //
 // Everything here errs low: a shared prefix may be undercounted (the client is charged a little
 // more) but never overcounted (SPEC §4: credit only what is really shared).
-import { createHash } from 'node:crypto';
+import { createHash, type Hash } from 'node:crypto';
 import type { ChatMessage } from '../types.js';
 
 /** One token of `POST /tokenize` with `with_pieces: true`: its text, or its bytes when not UTF-8. */
@@ -149,7 +149,7 @@ export function tokenDigests(ids: readonly number[] | Int32Array, counts: readon
       hash.update(bytes.subarray(fed * 4, upTo * 4));
       fed = upTo;
     }
-    return hash.copy().digest('base64url').slice(0, 16);
+    return shortDigest(hash.copy());
   });
 }
 
@@ -160,5 +160,10 @@ export function tokenDigests(ids: readonly number[] | Int32Array, counts: readon
 export function tokenDigestAt(words: Int32Array, n: number): string {
   if (n > words.length) return '';
   const bytes = new Uint8Array(words.buffer, words.byteOffset, n * 4);
-  return createHash('sha256').update(bytes).digest('base64url').slice(0, 16);
+  return shortDigest(createHash('sha256').update(bytes));
+}
+
+/** A digest as both write it: 16 base64url characters of the SHA-256. */
+function shortDigest(hash: Hash): string {
+  return hash.digest('base64url').slice(0, 16);
 }

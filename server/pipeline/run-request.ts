@@ -74,15 +74,14 @@ async function planAndRelay(
       plan = await admit(gw, await planOnce(), planOnce);
     } catch (err) {
       // The answer was refused in its turn: the first attempt is said on a line of its own.
-      if (outgrown) {
-        request.log.info({ ...outgrown.attempt }, 'the upstream refused a research round for its context window: its final answer was not sent');
-        request.upstreamMsBefore = outgrown.upstreamMs;
-      }
+      if (outgrown) request.log.info({ ...outgrown.attempt }, 'the upstream refused a research round for its context window: its final answer was not sent');
       throw err;
     }
     const ended = await relayPlan(gw, kind, request, reply, plan, t0, outgrown);
     if (!ended || outgrown) return;
     outgrown = ended;
+    // Its time at the upstream is the request's too, not the gateway's (overhead, whichever line says it).
+    request.upstreamMsBefore = ended.attempt.upstream_ms;
   }
 }
 
@@ -147,8 +146,7 @@ function endTakenOver(request: FastifyRequest, reply: FastifyReply, err: unknown
 /** A research round the upstream refused for its context: planned again as its final answer, in the window the refusal named (if any). */
 type Outgrown = {
   contextWindow: number | null;
-  /** The refused attempt's time at the upstream, and what its line would have said. */
-  upstreamMs: number;
+  /** What the refused attempt's own line would have said. */
   attempt: { id: string; upstream: string; status: number; upstream_ms: number; refund_tokens: number | null };
 };
 
@@ -213,7 +211,8 @@ async function relayAdmitted(
     if (settledElsewhere !== undefined) settled = settledElsewhere;
     if (upstreamCalled && upstreamMs === 0) upstreamMs = performance.now() - tForward;
     const total = performance.now() - t0;
-    const overhead = Math.max(0, total - upstreamMs - (prior?.upstreamMs ?? 0)) / 1000;
+    const before = request.upstreamMsBefore ?? 0;
+    const overhead = Math.max(0, total - upstreamMs - before) / 1000;
     m.overhead.observe({ route: kind }, overhead);
     // Only a request some upstream was sent has an upstream duration.
     if (upstreamCalled) m.upstreamDuration.observe({ upstream: plan.upstream.name }, upstreamMs / 1000);
@@ -243,7 +242,7 @@ async function relayAdmitted(
         refund_tokens: settled?.refundTokens ?? null,
         cost_usd: settled?.costUsd ?? null,
         overhead_ms: Math.round(overhead * 1e6) / 1e3,
-        upstream_ms: Math.round((upstreamMs + (prior?.upstreamMs ?? 0)) * 1e3) / 1e3,
+        upstream_ms: Math.round((upstreamMs + before) * 1e3) / 1e3,
         // A research round the upstream refused for its context, sent again as the final answer: the
         // first attempt (its own ledger row) rides on this, the request's one line.
         ...(prior ? { outgrown_attempt: prior.attempt } : {}),
@@ -315,16 +314,13 @@ async function relayAdmitted(
       // Said on the request's one line, by the final answer that follows (or on its own if that is refused).
       return {
         contextWindow: windowInOverflow(body),
-        upstreamMs,
         attempt: { id: plan.id, upstream: plan.upstream.name, status: res.statusCode, upstream_ms: Math.round(upstreamMs * 1e3) / 1e3, refund_tokens: done?.refundTokens ?? null },
       };
     }
     const failed = await refundedFailure(res.statusCode);
     if (!failed) return;
-    const said = (body.error as { code?: unknown; message?: unknown } | undefined) ?? {};
     finishLog(res.statusCode, {
-      code: typeof said.code === 'string' || typeof said.code === 'number' ? String(said.code).slice(0, 64) : 'upstream_error',
-      message: gw.config.logging.prompts && typeof said.message === 'string' ? said.message : `upstream "${plan.upstream.name}" answered ${res.statusCode} (its message is not logged: it may repeat the prompt)`,
+      ...upstreamFailure(body.error, gw.config.logging.prompts, `upstream "${plan.upstream.name}" answered ${res.statusCode}`),
       level: res.statusCode >= 500 ? 'warn' : 'info',
     });
     // The upstream's own error, with its own retry advice: a 429 stays retryable (SPEC §6 marks
@@ -476,20 +472,13 @@ async function relayAdmitted(
   }
   // A stream that ended in error is said so, with the code the client's error event had, as the
   // same failure unstreamed is (its message only where prompts are logged: it may quote them).
-  const e = streamed.upstreamError as { code?: unknown; message?: unknown } | null;
   const streamFailure: LogFailure | undefined = !upstreamFailed || answered || streamed.clientGone
     ? undefined
     : draining()
       ? { code: 'shutting_down', message: 'the gateway stopped the stream as it shut down' }
-      : e === null
+      : streamed.upstreamError === null
         ? { code: 'upstream_lost', message: `the connection to upstream "${plan.upstream.name}" was lost part way through the stream` }
-        : {
-            code: typeof e.code === 'string' || typeof e.code === 'number' ? String(e.code).slice(0, 64) : 'upstream_error',
-            message:
-              gw.config.logging.prompts && typeof e.message === 'string'
-                ? e.message
-                : `the stream from upstream "${plan.upstream.name}" ended in error (its message is not logged: it may repeat the prompt)`,
-          };
+        : upstreamFailure(streamed.upstreamError, gw.config.logging.prompts, `the stream from upstream "${plan.upstream.name}" ended in error`);
   finishLog(outcome.status, streamFailure);
 }
 
@@ -498,6 +487,18 @@ interface LogFailure {
   code: string;
   message: string;
   level?: 'info' | 'warn';
+}
+
+/**
+ * An upstream's error object as a log line says it: its code (bounded), and its message only where
+ * prompts are logged (it may repeat the prompt), else `what` happened.
+ */
+function upstreamFailure(error: unknown, promptsLogged: boolean, what: string): LogFailure {
+  const e = (typeof error === 'object' && error !== null ? error : {}) as { code?: unknown; message?: unknown };
+  return {
+    code: typeof e.code === 'string' || typeof e.code === 'number' ? String(e.code).slice(0, 64) : 'upstream_error',
+    message: promptsLogged && typeof e.message === 'string' ? e.message : `${what} (its message is not logged: it may repeat the prompt)`,
+  };
 }
 
 function isLogFailure(v: unknown): v is LogFailure {
