@@ -58,9 +58,10 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
   // An allowance the client did not name is the gateway's default (per choice, or per row and
   // choice): said, so that the fix is plain.
   const output = `max output ${plan.allowance}${defaultAllowanceWhy(plan, byDefault)}`;
+  const fits = affordableHint(remaining, plan);
   const message = whole
-    ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), more than the run's whole budget of ${limit} tokens${why}`
-    : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}`;
+    ? `run token budget: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), more than the run's whole budget of ${limit} tokens${why}${fits}`
+    : `run token budget exhausted: this request needs ${upTo}${needed} tokens (prompt ${upTo}${plan.promptCharge} + ${output}), ${remaining} of the run's ${limit ?? 'budget'} tokens remain${why}${fits}`;
   return new GatewayError('token_budget_exhausted', message, {
     remaining,
     needed,
@@ -69,6 +70,20 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
     allowance: plan.allowance,
     count_method: plan.rows.countMethod,
   });
+}
+
+/**
+ * The largest `max_tokens` that would fit what the run has left after this prompt, said in the
+ * refusal so that the fix is plain ('' when not one token a choice fits). A final answer's
+ * allowance is the gateway's own (already cut to the run's budget), so it gets none.
+ */
+function affordableHint(remaining: number, plan: Plan): string {
+  if (plan.mode === 'final-answer' || plan.perChoiceAllowance <= 0) return '';
+  const times = plan.allowance / plan.perChoiceAllowance;
+  const most = Math.floor((remaining - plan.promptCharge) / times);
+  if (most < 1) return '';
+  // Only a chat request is held to a run's budget: its allowance is per choice.
+  return `; max_tokens ${most} or less${times > 1 ? ' (per choice)' : ''} would fit what the run has left`;
 }
 
 /** Does any money limit apply to this request? (An unpriced metered model is then refused.) */

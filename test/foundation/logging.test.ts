@@ -346,10 +346,14 @@ t.test('the start warns of models an earlier upstream takes, and of run budgets 
   t.match(lines.find((l) => String(l.msg).startsWith('runs.tokenBudget is below defaults.maxTokens')), { 'runs.tokenBudget': 2000, 'defaults.maxTokens': 4096 });
   const res = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', messages: [{ role: 'user', content: 'hello' }] }) });
   t.equal(res.status, 402);
-  t.match(((await res.json()) as { error: { message: string } }).error.message, /\+ max output 4096: defaults\.maxTokens 4096, as the request named no max_tokens\), more than the run's whole budget of 2000 tokens$/);
-  // A review: with n = 2 the figure is twice the default, and says so.
+  const body = (await res.json()) as { error: { message: string; prompt_tokens: number } };
+  t.match(body.error.message, /\+ max output 4096: defaults\.maxTokens 4096, as the request named no max_tokens\), more than the run's whole budget of 2000 tokens; max_tokens \d+ or less would fit what the run has left$/);
+  t.ok(body.error.message.endsWith(`; max_tokens ${2000 - body.error.prompt_tokens} or less would fit what the run has left`), 'the fix, with its figure: what the run has left after the prompt');
+  // A review: with n = 2 the figure is twice the default, and says so; the fix is per choice.
   const two = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'o3', n: 2, messages: [{ role: 'user', content: 'hello' }] }) });
-  t.match(((await two.json()) as { error: { message: string } }).error.message, /\+ max output 8192: defaults\.maxTokens 4096 × 2, as the request named no max_tokens\)/);
+  const twoError = ((await two.json()) as { error: { message: string; prompt_tokens: number } }).error;
+  t.match(twoError.message, /\+ max output 8192: defaults\.maxTokens 4096 × 2, as the request named no max_tokens\)/);
+  t.ok(twoError.message.endsWith(`; max_tokens ${Math.floor((2000 - twoError.prompt_tokens) / 2)} or less (per choice) would fit what the run has left`));
 });
 
 t.test("a final answer's unnamed allowance, cut to the run's budget, is said so in the token 402", async (t) => {

@@ -62,3 +62,33 @@ t.test("an upstream's maxTokens is the allowance of its requests that name none;
   t.match(lines.find((l) => String(l.msg).startsWith('auth.keys[0].runs.tokenBudget is below upstreams[0].maxTokens')), { 'auth.keys[0].runs.tokenBudget': 20000, 'upstreams[0].maxTokens': 32768 });
   t.notOk(lines.some((l) => String(l.msg).includes('below defaults.maxTokens')), 'defaults.maxTokens (4096) is within every budget');
 });
+
+t.test('a token 402 names the largest max_tokens that fits what the run has left, and that figure is exact', async (t) => {
+  const openai = await startOpenAiDouble({ completionTokens: 100 });
+  t.teardown(openai.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(openai.url, { billing: 'local' })], runs: { tokenBudget: 400, answerReserveTokens: 0 } });
+  const headers = { 'content-type': 'application/json', 'x-tollgate-conversation': 'near-the-end' };
+  const messages = [{ role: 'user', content: 'Summarise what we found about the proxy timeouts.' }];
+  const chat = (extra: Json) => fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers, body: JSON.stringify({ model: 'gpt-4o', messages, ...extra }) });
+  const admits = async (extra: Json) => {
+    const res = await fetch(`${gw.url}/v1/admission`, { method: 'POST', headers, body: JSON.stringify({ endpoint: '/v1/chat/completions', request: { model: 'gpt-4o', messages, ...extra } }) });
+    return ((await res.json()) as { verdict: { admit: boolean } }).verdict.admit;
+  };
+  t.equal((await chat({ max_tokens: 100 })).status, 200, 'the first request spends part of the run');
+
+  // The same run asks again, naming no allowance: the default (4,096) does not fit what is left.
+  const refused = await chat({});
+  t.equal(refused.status, 402);
+  const error = ((await refused.json()) as { error: { message: string; remaining: number; prompt_tokens: number } }).error;
+  const most = error.remaining - error.prompt_tokens;
+  t.ok(most > 1, `some room is left (${most})`);
+  t.ok(error.message.endsWith(`; max_tokens ${most} or less would fit what the run has left`), error.message);
+  t.ok(await admits({ max_tokens: most }), 'the named figure is admitted');
+  t.notOk(await admits({ max_tokens: most + 1 }), 'one more is not');
+  t.equal((await chat({ max_tokens: most })).status, 200);
+
+  // When not one token fits, no figure is offered.
+  const full = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'word '.repeat(500) }], max_tokens: 10 }) });
+  t.equal(full.status, 402);
+  t.notMatch(((await full.json()) as { error: { message: string } }).error.message, /would fit/);
+});
