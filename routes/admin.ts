@@ -8,6 +8,7 @@ import { requireAdmin } from '../server/auth-hooks.js';
 import { hashKey } from '../server/auth.js';
 import { roundUsd } from '../pricing/model-price.js';
 import { GatewayError } from '../server/errors.js';
+import { unstorableText } from '../server/storable-text.js';
 import { TENANT_ID, TENANT_ID_RULE } from '../server/config.js';
 import { MAX_CONVERSATION_ID_LENGTH, isConversationId, monthOf } from '../server/pipeline/plan.js';
 import { spendView } from './spend.js';
@@ -176,9 +177,8 @@ const route: FastifyPluginAsync = async (app) => {
     if (b.name !== undefined && b.name !== null && typeof b.name !== 'string') {
       throw new GatewayError('invalid_request', 'name: must be a string (or null)', {}, 'name');
     }
-    if (typeof b.name === 'string' && CONTROL.test(b.name)) {
-      throw new GatewayError('invalid_request', 'name: must not contain control characters', {}, 'name');
-    }
+    const nameText = typeof b.name === 'string' ? unstorableText(b.name) : '';
+    if (nameText) throw new GatewayError('invalid_request', `name: ${nameText}`, {}, 'name');
     // Refused, not cut: a name cut short (or cut inside a character) is not the name given.
     if (typeof b.name === 'string' && b.name.length > MAX_KEY_NAME_CHARS) {
       throw new GatewayError('invalid_request', `name: has ${b.name.length} characters, the most is ${MAX_KEY_NAME_CHARS}`, {}, 'name');

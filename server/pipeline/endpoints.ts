@@ -2,6 +2,7 @@
 // of the pipeline is shared (ADR 0001). Validation names the offending field (`param`).
 
 import { GatewayError } from '../errors.js';
+import { unstorableText } from '../storable-text.js';
 import type { ChatMessage, ToolDefinition } from '../../metering/types.js';
 import { isTokenId } from '../../metering/row-plan.js';
 
@@ -360,6 +361,8 @@ export function validateRequest(kind: EndpointKind, body: unknown): ValidRequest
   }
   if (typeof body.model !== 'string' || body.model.length === 0) invalid('model', 'must be a non-empty string');
   if (body.model.length > MAX_MODEL_CHARS) invalid('model', `must be at most ${MAX_MODEL_CHARS} characters (it has ${body.model.length})`);
+  const modelText = unstorableText(body.model);
+  if (modelText) invalid('model', modelText);
   const stream = body.stream === undefined || body.stream === null ? false : body.stream;
   if (typeof stream !== 'boolean') invalid('stream', 'must be a boolean');
   const so = body.stream_options;

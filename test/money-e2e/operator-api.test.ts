@@ -4,7 +4,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import t from 'tap';
-import { ADMIN, ALICE, call, chat, moneyWorld } from './money-fixture.js';
+import { ADMIN, ALICE, admission, call, chat, moneyWorld } from './money-fixture.js';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { startGateway } from '../helpers/gateway.js';
 import { reservation, settlement } from '../helpers/stores.js';
 
 const ask = { model: 'llama-local', messages: [{ role: 'user', content: 'hello' }], max_tokens: 5 };
@@ -414,6 +416,44 @@ t.test('an id no record can have (a NUL, a broken rule) is not found on every st
   const named = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'alice', name: 'a\u0000b' });
   t.equal(named.status, 400);
   t.match(named.body, { error: { param: 'name' } });
+});
+
+t.test('a model or key name the stores cannot keep alike (a control character, an unpaired surrogate) is a 400, and nothing is written', async (t) => {
+  // PostgreSQL cannot hold a NUL (the request was a 500 there and a 200 on SQLite), and the two
+  // stores wrote an unpaired surrogate differently, so spend and exports differed by store.
+  const up = await startOpenAiDouble({ completionTokens: 3 });
+  t.teardown(up.close);
+  const gw = await startGateway(t, {
+    upstreams: [{ name: 'box', kind: 'openai', baseUrl: `${up.url}/v1`, models: ['gpt-*'], billing: 'local', contextWindow: 128000 }],
+    auth: { keys: [{ key: ALICE, tenant: 'alice' }] },
+  });
+  const messages = [{ role: 'user', content: 'hello' }];
+  for (const [model, why] of [
+    ['gpt-4o\u0000x', /^model: must not contain control characters \(U\+0000 at character 6\)$/],
+    ['gpt-4o\u007f', /control characters \(U\+007F/],
+    ['gpt-\ud800x', /^model: must be well-formed text: it holds an unpaired surrogate \(U\+D800 at character 4\)$/],
+    ['gpt-x\udc00', /unpaired surrogate \(U\+DC00 at character 5\)/],
+  ] as const) {
+    const r = await chat(gw, ALICE, { model, messages, max_tokens: 5 });
+    t.equal(r.status, 400, JSON.stringify(model));
+    t.match(r.body, { error: { code: 'invalid_request', param: 'model', message: why } });
+    const planned = await admission(gw, ALICE, { model, messages, max_tokens: 5 });
+    t.same(planned.verdict, { admit: false, status: 400, error: r.body }, 'the admission verdict is the real answer');
+  }
+  t.equal(up.requests.length, 0, 'no model was called');
+  const exported = async () => (await (await fetch(`${gw.url}/admin/ledger`, { headers: ADMIN })).text()).split('\n').filter(Boolean).map((l) => JSON.parse(l) as { model: string });
+  t.same(await exported(), [], 'the ledger holds no row');
+  // A character beyond the first plane is one code point in a well-formed pair: a name may hold it.
+  const astral = await chat(gw, ALICE, { model: 'gpt-\u{1F999}', messages, max_tokens: 5 });
+  t.equal(astral.status, 200);
+  t.same((await exported()).map((r) => r.model), ['gpt-\u{1F999}'], 'kept as sent, on every store');
+
+  const broken = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'alice', name: 'ci \ud83e runner' });
+  t.equal(broken.status, 400);
+  t.match(broken.body, { error: { param: 'name', message: /^name: must be well-formed text: it holds an unpaired surrogate/ } });
+  const made = await call(gw.url, 'POST', '/admin/keys', ADMIN, { tenant: 'alice', name: 'ci \u{1F999} runner' });
+  t.equal(made.status, 201);
+  t.equal(made.body.name, 'ci \u{1F999} runner');
 });
 
 t.test('a ledger export that fails part way is cut off, not passed off as whole; one that fails at once is a 500', async (t) => {
