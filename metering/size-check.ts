@@ -54,11 +54,12 @@ const PARTIAL_SUFFIX = ':partial';
 const BOUND_WHY = 'an upper bound: text without spaces too long to count exactly';
 const LEAST_WHY = 'a lower bound: images counted at the least they can cost';
 const BOTH_WHY = 'text without spaces too long to count exactly counted as an upper bound, images at the least they can cost';
+const ESTIMATE_WHY = 'an estimate, UTF-8 bytes ÷ 4: no tokenizer here knows this model';
 
 /** A size figure as a refusal states it: the tokens, a word saying what kind of figure, why, and its label. */
 interface SizeFigure {
   tokens: number;
-  kind: 'exact' | 'upper' | 'lower' | 'mixed';
+  kind: 'exact' | 'upper' | 'lower' | 'mixed' | 'estimate';
   method: CountMethod;
 }
 
@@ -71,6 +72,10 @@ function sizeFigure(plan: PlanFigures, tokens: number, slack: number, textBound:
   // what it says: a refusal on it stands, and its exact figure keeps the label.
   const partial = plan.countMethod.endsWith(PARTIAL_SUFFIX);
   const base = plan.countMethod.replace(/:(upper-bound|partial)$/, '');
+  // No tokenizer here knows the model: the figure is the byte estimate, and is said to be one
+  // (SPEC §2: never a guess presented as a measurement). The limits still hold on it — it is the
+  // only figure there is, and a request past them by it is large by any count (ADR 0010).
+  if (base.startsWith('estimate:')) return { tokens: tokens - slack, kind: 'estimate', method: plan.countMethod };
   if (slack > 0 && !textBound) return { tokens: tokens - slack, kind: 'lower', method: `${base}:lower-bound` as CountMethod };
   if (slack > 0) return { tokens: tokens - slack, kind: 'mixed', method: plan.countMethod };
   // The request's label is an upper bound's when any row is one; an exact row keeps the exact label.
@@ -87,7 +92,11 @@ function rowFigure(plan: PlanFigures, i: number): SizeFigure {
 }
 
 const why = (f: SizeFigure): string =>
-  f.kind === 'upper' ? ` (${BOUND_WHY})` : f.kind === 'lower' ? ` (${LEAST_WHY})` : f.kind === 'mixed' ? ` (${BOTH_WHY})` : '';
+  f.kind === 'upper' ? ` (${BOUND_WHY})` : f.kind === 'lower' ? ` (${LEAST_WHY})` : f.kind === 'mixed' ? ` (${BOTH_WHY})` : f.kind === 'estimate' ? ` (${ESTIMATE_WHY})` : '';
+
+/** How a refusal's sentence states a figure of its kind. */
+const stated = (f: SizeFigure, upper: string): string =>
+  f.kind === 'upper' ? `${upper} ${f.tokens}` : f.kind === 'lower' ? `at least ${f.tokens}` : f.kind === 'estimate' ? `about ${f.tokens}` : `${f.tokens}`;
 
 /** `too_many_rows`, or null: decided on the number of rows alone, before any is counted. */
 export function tooManyRows(rows: number, maxRows: number = DEFAULT_SIZE_LIMITS.maxRows): SizeRefusal | null {
@@ -114,7 +123,7 @@ export function checkSizes(
   if (big >= 0) {
     const row = rowFigure(plan, big);
     const t = row.tokens;
-    const has = row.kind === 'upper' ? `up to ${t}` : row.kind === 'lower' ? `at least ${t}` : `${t}`;
+    const has = stated(row, 'up to');
     return {
       code: 'row_too_large',
       message: `too many tokens: one row has ${has} tokens, the limit is ${maxRowTokens} per row${why(row)}`,
@@ -125,7 +134,7 @@ export function checkSizes(
   const slack = plan.rowImageSlack.reduce((a, b) => a + b, 0);
   const sum = sizeFigure(plan, plan.sumTokens, slack, slack > 0 ? plan.textUpperBound : plan.upperBound);
   if (sum.tokens > maxRequestTokens) {
-    const addUp = sum.kind === 'upper' ? `as many as ${sum.tokens}` : sum.kind === 'lower' ? `at least ${sum.tokens}` : `${sum.tokens}`;
+    const addUp = stated(sum, 'as many as');
     return {
       code: 'request_tokens_exceeded',
       message: `too many tokens: the rows add up to ${addUp} tokens, the limit is ${maxRequestTokens}${why(sum)}`,
@@ -154,7 +163,7 @@ function checkWindow(plan: PlanFigures, window: number, generates: boolean): Siz
   // max_tokens asks; the output asked is named where it is what crosses the window. A prompt
   // exactly the window's size is not "more" than it: the one token it must leave to generate is.
   const asks = prompt > window ? '' : allowance > 0 ? ` and max_tokens asks for ${allowance} more` : generates && prompt === window ? ' and 1 more to generate' : '';
-  const needs = row.kind === 'upper' ? `up to ${prompt}` : row.kind === 'lower' ? `at least ${prompt}` : `${prompt}`;
+  const needs = stated(row, 'up to');
   const message = `request too large: the prompt needs ${needs} tokens${asks}, more than the model's context window of ${window} tokens` + why(row);
   return {
     code: 'context_window_exceeded',

@@ -42,11 +42,31 @@ t.test('row_too_large names the first row over the limit', async (t) => {
 t.test('request_tokens_exceeded', async (t) => {
   // 29 rows of 36,864 + one of 16,688 = 1,085,744 tokens.
   const rows = [...new Array<number>(29).fill(36864), 16688];
-  const r = checkSizes(plan({ rowTokens: rows, countMethod: 'estimate:bytes' }));
+  const r = checkSizes(plan({ rowTokens: rows, countMethod: 'tiktoken:cl100k_base' }));
   t.same(r, {
     code: 'request_tokens_exceeded',
     message: 'too many tokens: the rows add up to 1085744 tokens, the limit is 1048576',
+    details: { rows: 30, sum_tokens: 1085744, limit: 1048576, count_method: 'tiktoken:cl100k_base' },
+  });
+});
+
+t.test('a figure from the byte estimate is said to be one, in every size refusal (SPEC §2: never a guess presented as a measurement)', async (t) => {
+  const why = ' (an estimate, UTF-8 bytes ÷ 4: no tokenizer here knows this model)';
+  const rows = [...new Array<number>(29).fill(36864), 16688];
+  t.same(checkSizes(plan({ rowTokens: rows, countMethod: 'estimate:bytes' })), {
+    code: 'request_tokens_exceeded',
+    message: `too many tokens: the rows add up to about 1085744 tokens, the limit is 1048576${why}`,
     details: { rows: 30, sum_tokens: 1085744, limit: 1048576, count_method: 'estimate:bytes' },
+  });
+  t.same(checkSizes(plan({ rowTokens: [5, 38029], countMethod: 'estimate:bytes' })), {
+    code: 'row_too_large',
+    message: `too many tokens: one row has about 38029 tokens, the limit is 36864 per row${why}`,
+    details: { row_index: 1, row_tokens: 38029, limit: 36864, count_method: 'estimate:bytes' },
+  });
+  t.same(checkSizes(plan({ kind: 'chat', rowTokens: [49], countMethod: 'estimate:bytes', contextWindow: 16 }), {}, 16), {
+    code: 'context_window_exceeded',
+    message: `request too large: the prompt needs about 49 tokens, more than the model's context window of 16 tokens${why}`,
+    details: { row_index: 0, prompt_tokens: 49, allowance: 0, context_window: 16, count_method: 'estimate:bytes' },
   });
 });
 

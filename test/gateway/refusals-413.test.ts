@@ -583,3 +583,20 @@ t.test('row shape errors: an empty string is named before an empty list of token
   const tokens = await post('/v1/embeddings', { model: 'text-embedding-3-small', input: ['a', []] });
   t.equal(tokens.body.error.message, 'input[1]: must not be an empty list of token ids');
 });
+
+t.test('a model no tokenizer here knows is refused on the byte estimate, and the refusal says it is one', async (t) => {
+  const { upstream, both } = await setup(t, { maxRowTokens: 8 }, { models: ['mystery-*'] });
+  const res = await both('/v1/completions', { model: 'mystery-1', prompt: 'x'.repeat(44), max_tokens: 1 });
+  t.equal(res.status, 413);
+  t.same(res.body.error, {
+    message: 'too many tokens: one row has about 11 tokens, the limit is 8 per row (an estimate, UTF-8 bytes ÷ 4: no tokenizer here knows this model)',
+    type: 'invalid_request_error',
+    param: null,
+    code: 'row_too_large',
+    row_index: 0,
+    row_tokens: 11,
+    limit: 8,
+    count_method: 'estimate:bytes',
+  });
+  t.equal(upstream.requests.length, 0);
+});
