@@ -49,12 +49,18 @@ export function tokenBudgetError(remaining: number, needed: number, limit: numbe
   // A prompt count still an upper bound here could not be made exact (ADR 0019), or counts images
   // at the most they can cost (ADR 0022): say so, and why.
   const rows = plan.rows;
-  const upTo = rows.upperBound ? 'up to ' : '';
+  // …or is the byte estimate, where no tokenizer here knows the model (ADR 0010).
+  const estimated = rows.countMethod.startsWith('estimate:');
+  const upTo = rows.upperBound ? 'up to ' : estimated ? 'about ' : '';
   const causes = [
     ...(rows.textUpperBound ? ['text without spaces too long to count exactly'] : []),
     ...(rows.imageBound ? ['images counted at the most they can cost'] : []),
   ];
-  const why = rows.upperBound ? ` (the prompt is an upper bound: ${causes.join('; ')})` : '';
+  const why = rows.upperBound
+    ? ` (the prompt is an upper bound: ${causes.join('; ')})`
+    : estimated
+      ? ' (the prompt is an estimate, UTF-8 bytes ÷ 4: no tokenizer here knows this model)'
+      : '';
   // An allowance the client did not name is the gateway's default (per choice, or per row and
   // choice): said, so that the fix is plain.
   const output = `max output ${plan.allowance}${defaultAllowanceWhy(plan, byDefault)}`;

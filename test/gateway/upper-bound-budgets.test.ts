@@ -7,6 +7,8 @@
 import t from 'tap';
 import { get_encoding } from '@dqbd/tiktoken';
 import { plannedGateway } from '../helpers/planned-gateway.js';
+import { startOpenAiDouble } from '../doubles/openai.js';
+import { openaiUpstream, startGateway } from '../helpers/gateway.js';
 import { ADMIN, ALICE, call, moneyWorld } from '../money-e2e/money-fixture.js';
 import { TiktokenCounter } from '../../metering/tokenizers/tiktoken-counter.js';
 import { TokenCache } from '../../metering/token-cache.js';
@@ -95,5 +97,24 @@ t.test('past the exact budget the run budget refuses on the bound, and the messa
   );
   t.equal(res.body.error.count_method, 'tiktoken:o200k_base:upper-bound');
   t.same((await plan('/v1/chat/completions', request)).verdict.error, res.body, 'admission gives the same envelope');
+  t.equal(upstream.requests.length, 0);
+});
+
+t.test("a run's token 402 on the byte estimate says the prompt is one", async (t) => {
+  const upstream = await startOpenAiDouble();
+  t.teardown(upstream.close);
+  const gw = await startGateway(t, { upstreams: [openaiUpstream(upstream.url, { models: ['mystery-*'], billing: 'local' })], runs: { tokenBudget: 100 } });
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'mystery-1', messages: [{ role: 'user', content: 'x'.repeat(400) }], max_tokens: 10 }),
+  });
+  t.equal(res.status, 402);
+  const error = ((await res.json()) as { error: { message: string; prompt_tokens: number; count_method: string } }).error;
+  t.equal(error.count_method, 'estimate:bytes');
+  t.equal(
+    error.message,
+    `run token budget: this request needs about ${error.prompt_tokens + 10} tokens (prompt about ${error.prompt_tokens} + max output 10), more than the run's whole budget of 100 tokens (the prompt is an estimate, UTF-8 bytes ÷ 4: no tokenizer here knows this model)`,
+  );
   t.equal(upstream.requests.length, 0);
 });
