@@ -57,6 +57,8 @@ interface ChoiceMeter {
    */
   calls: string;
   callChunks: number;
+  /** The tool calls the choice began (each call's `index` in its deltas), for settle.ts's share of their markup. */
+  callIndexes: Set<number> | null;
 }
 
 /** How many of `text`'s first characters repeat `echo`: where a completion's echoed prompt ends in it. */
@@ -94,7 +96,7 @@ export class OutputMeter {
 
   private choice(index: number): ChoiceMeter {
     let c = this.choices.get(index);
-    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false, echo: this.echoOf?.(index) ?? '', calls: '', callChunks: 0 }));
+    if (!c) this.choices.set(index, (c = { exact: null, pending: [], bytes: 0, estimated: 0, closed: false, cut: false, echo: this.echoOf?.(index) ?? '', calls: '', callChunks: 0, callIndexes: null }));
     return c;
   }
 
@@ -225,6 +227,31 @@ export class OutputMeter {
     c.pending = [];
     c.bytes = 0;
     return n;
+  }
+
+  /** Notes the tool calls a choice's delta writes (its `tool_calls` entries, by their `index`). */
+  noteCalls(index: number, delta: Record<string, unknown>): void {
+    const calls = delta.tool_calls;
+    if (!Array.isArray(calls) || calls.length === 0) return;
+    const c = this.choice(index);
+    c.callIndexes ??= new Set();
+    calls.forEach((call, at) => {
+      const i = call !== null && typeof call === 'object' ? (call as Record<string, unknown>).index : undefined;
+      c.callIndexes!.add(typeof i === 'number' ? i : at);
+    });
+  }
+
+  /** Tool calls written: by the choice of index 0, and by the others together. */
+  toolCalls(): { first: number; others: number } {
+    let first = 0;
+    let others = 0;
+    for (const [index, c] of this.choices) {
+      // A choice cut at its allowance is charged the whole of it already.
+      const n = c.cut ? 0 : (c.callIndexes?.size ?? 0);
+      if (index === 0) first = n;
+      else others += n;
+    }
+    return { first, others };
   }
 
   /** Tokens generated so far, all choices (exact with a tokenizer). Safe to call more than once. */

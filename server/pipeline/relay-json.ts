@@ -30,6 +30,8 @@ export interface JsonOutcome {
   texts: string[];
   /** Where in `texts` the first choice's text is (index 0: row 0's first for a prompt array); -1 when none came. */
   firstChoice: number;
+  /** Tool calls written: by the first choice, and by the others together (settle.ts's share of their markup). */
+  toolCalls: { first: number; others: number };
   /** A choice's message carries audio the model spoke (`carriesAudio`), which `texts` cannot count. */
   audio: boolean;
   /**
@@ -136,13 +138,21 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
       fallback = 'partial';
     }
   }
+  const callsOf = (choice: Json) => {
+    const message = isObject(choice.message) ? choice.message : {};
+    return (Array.isArray(message.tool_calls) ? message.tool_calls.length : 0) + (isObject(message.function_call) ? 1 : 0);
+  };
+  const calls = choices.map(callsOf);
+  const first = indexes.indexOf(0);
+  const toolCalls = { first: first < 0 ? 0 : calls[first]!, others: calls.reduce((a, b) => a + b, 0) - (first < 0 ? 0 : calls[first]!) };
   return {
     body,
     raw,
     usage: isObject(parsed.usage) ? parsed.usage : null,
     timings: isObject(parsed.timings) ? parsed.timings : null,
     texts,
-    firstChoice: indexes.indexOf(0),
+    firstChoice: first,
+    toolCalls,
     audio: choices.some((choice) => isObject(choice.message) && carriesAudio(choice.message)),
     fallback,
     unaskedChoices,

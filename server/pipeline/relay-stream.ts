@@ -284,6 +284,7 @@ export async function relayStream(
         finishEveryChunk = true;
         for (const held of heldFinish.splice(0)) write(sseData(held));
       }
+      if (isObject(shown.delta)) meter.noteCalls(index, shown.delta);
       if (!meter.add(index, text, isObject(shown.delta) ? toolCallText(shown.delta) : '')) {
         // Past the allowance: the choice ends here, with what of this piece still fits.
         kept.push(...(cutChunk(index, raw, written !== raw).choices as Json[]));

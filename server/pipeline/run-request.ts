@@ -381,6 +381,7 @@ async function relayAdmitted(
       status: 200,
       countedOutput: counted.tokens,
       countedFirstChoice: counted.first,
+      toolCalls: json.toolCalls,
       countedMethod: counted.method,
       usage: json.usage,
       timings: json.timings,
@@ -437,6 +438,7 @@ async function relayAdmitted(
     status: streamed.clientGone ? 499 : upstreamFailed && !answered ? (draining() ? 503 : streamed.upstreamError?.code === 'upstream_timeout' ? 504 : 502) : 200,
     countedOutput: meter.total(),
     countedFirstChoice: meter.choiceTotal(0),
+    toolCalls: meter.toolCalls(),
     countedMethod: meter.method,
     // A cut stream's upstream usage never came (or counts past the cut): the meter stands.
     usage: streamed.cut ? null : streamed.usage,

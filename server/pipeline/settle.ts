@@ -21,6 +21,8 @@ export interface Outcome {
    * stands against that figure.
    */
   countedFirstChoice?: number;
+  /** Tool calls the answer wrote: by the first choice, and by the others together. */
+  toolCalls?: { first: number; others: number };
   countedMethod: string;
   usage: Json | null;
   timings: Json | null;
@@ -150,7 +152,13 @@ export async function settle(gw: Gateway, plan: Plan, o: Outcome): Promise<Settl
   // call's text, not the markup the server's parser held back); the other choices are the gateway's.
   const firstChoice = !o.refundAll && usageUnderReported(plan) ? (tokenFigure(o.usage?.completion_tokens) ?? 0) : 0;
   const raisedFirst = Math.max(0, firstChoice - (o.countedFirstChoice ?? o.countedOutput));
-  const ownCount = o.countedOutput + raisedFirst;
+  // The other choices wrote their calls' markup too (a template's `<tool_call>` framing), which the
+  // server's parser held back from every choice: what the first choice's figure shows past the
+  // gateway's own count of it, a call, is taken for each of theirs (ADR 0004). No first choice's
+  // call to measure it by, no share: their calls stay counted as the text they are.
+  const calls = o.toolCalls;
+  const othersMarkup = raisedFirst > 0 && calls !== undefined && calls.first > 0 ? Math.round((raisedFirst / calls.first) * calls.others) : 0;
+  const ownCount = o.countedOutput + raisedFirst + othersMarkup;
   const rawGenerated = o.refundAll ? 0 : (trusted ?? (audioAllowance ? Math.max(plan.allowance, o.countedOutput) : ownCount));
   const outputMethod = o.refundAll ? 'none' : trusted !== null || (!audioAllowance && raisedFirst > 0) ? 'provider' : audioAllowance ? 'allowance:audio' : o.countedMethod;
   // An upstream that failed before any output refunds the whole reservation, prompt included
