@@ -143,7 +143,18 @@ export class LlamaCppCounter implements TokenCounter {
       signal,
     );
     const pieces = tok.tokens.filter((t): t is Piece => typeof t === 'object' && t !== null);
-    if (pieces.length !== tok.tokens.length) throw new LlamaCppCountError('llama.cpp /tokenize ignored with_pieces');
+    if (pieces.length !== tok.tokens.length) {
+      // A server (or a proxy before it) that answers plain ids, ignoring `with_pieces`: the count is
+      // still exact, but where each message ends in it cannot be told, so nothing is taken as
+      // shared (a shared prefix may be counted low, never high: SPEC §4) — rather than throwing
+      // the exact count away for the byte estimate.
+      if (!tok.tokens.every((t) => Number.isInteger(t))) throw new LlamaCppCountError('llama.cpp /tokenize answered tokens that are neither ids nor pieces');
+      const ids = Int32Array.from(tok.tokens as number[]);
+      const prefix = new Array<number>(prompt.messages.length + 1).fill(0);
+      const result: ChatCount = { tokens: ids.length, prefix, prefixDigests: tokenDigests(ids, prefix), digestAt: (n) => tokenDigestAt(ids, n), method: this.method, upperBound: false };
+      this.remember(key, result);
+      return result;
+    }
 
     // Offsets in the rendered prompt: [start of message 0's text, end of message 0, …], each end
     // past the message's closing mark where the template writes one. prefix[0] is only what

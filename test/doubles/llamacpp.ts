@@ -31,6 +31,12 @@ export interface LlamaCppDoubleOptions {
   ignoreMaxTokens?: boolean;
   /** Wait before each stream chunk, and once before a non-stream answer. */
   delayMs?: number;
+  /**
+   * Answer `/tokenize` with plain ids whatever `with_pieces` says. The recordings pair
+   * `with_pieces: true` only with `add_special: false`: a double (or a proxy) may answer the
+   * gateway's pairing of the two with ids alone.
+   */
+  ignoreWithPieces?: boolean;
   /** Wait before answering `/tokenize` (a server busy with a long prompt). */
   tokenizeDelayMs?: number;
   /** Never answer `/tokenize` of generated text (`add_special: false`): a server stuck on it. */
@@ -214,7 +220,7 @@ class DoubleState {
   private tokenizeBody(body: Json): Array<number | { id: number; piece: string | number[] }> {
     if (typeof body.content !== 'string') return [];
     const ids = tokenize(body.content, body.parse_special !== false);
-    if (body.with_pieces !== true) return ids;
+    if (body.with_pieces !== true || this.opts.ignoreWithPieces) return ids;
     const strict = new TextDecoder('utf-8', { fatal: true });
     return ids.map((id) => {
       const bytes = tokenBytes(id);

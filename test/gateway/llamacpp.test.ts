@@ -416,3 +416,25 @@ t.test("a llama.cpp server's window is learnt again after a minute of this proce
   t.equal((await post()).status, 200);
   t.equal(props(), learnt, 'not asked again');
 });
+
+// An audit (twenty-second session): a /tokenize that answered ids without their pieces (as no
+// recording shows for the gateway's `add_special: true, with_pieces: true`) sent the count to the
+// byte estimate, though the ids are the exact count.
+t.test('a /tokenize that ignores with_pieces still counts exactly; nothing is taken as shared', async (t) => {
+  const llama = await startLlamaCppDouble({ ignoreWithPieces: true, completionTokens: 4 });
+  t.teardown(llama.close);
+  const gw = await startGateway(t, { upstreams: [llamaUpstream(llama.url)] });
+  const messages: Json[] = [{ role: 'user', content: 'What is the capital of France?' }];
+  const send = () =>
+    fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tollgate-conversation': 'ids' }, body: JSON.stringify({ model: 'tiny', messages, max_tokens: 8 }) });
+  const first = await send();
+  const answer = (await first.json()) as { choices: Array<{ message: Json }>; usage: { prompt_tokens: number } };
+  t.equal(first.headers.get('x-tollgate-count-method'), 'llamacpp', 'the ids are the exact count');
+  t.equal(Number(first.headers.get('x-tollgate-reserved-tokens')), answer.usage.prompt_tokens + 8, "the server's own prompt figure, and the allowance");
+  messages.push(answer.choices[0]!.message, { role: 'user', content: 'And of Spain?' });
+  const second = await send();
+  const usage = ((await second.json()) as { usage: { prompt_tokens: number } }).usage;
+  t.equal(second.headers.get('x-tollgate-count-method'), 'llamacpp');
+  t.equal(second.headers.get('x-tollgate-shared-prefix-tokens'), '0', 'where each message ends cannot be told: nothing shared');
+  t.equal(Number(second.headers.get('x-tollgate-reserved-tokens')), usage.prompt_tokens + 8, 'charged in full');
+});
