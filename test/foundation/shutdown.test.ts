@@ -13,6 +13,10 @@ import { startGateway, openaiUpstream, llamaUpstream } from '../helpers/gateway.
 import { startLlamaCppDouble } from '../doubles/llamacpp.js';
 import { collect } from '../helpers/stores.js';
 
+// Many cases start a gateway process of their own (1–3 s each under tsx): over a minute alone,
+// more on a loaded machine, so the file has more than the suite's 120 s.
+t.setTimeout(360_000);
+
 async function world(t: Test, tokens: number, env: NodeJS.ProcessEnv = {}) {
   const upstream = await startOpenAiDouble({ completionTokens: tokens, delayMs: 100 });
   t.teardown(upstream.close);

@@ -9,6 +9,10 @@ import { freePort } from '../helpers/process.js';
 import Database from 'better-sqlite3';
 import { start, minimalConfig, startConfigured, waitHealthy, tempDir, exitedOrListening } from '../helpers/start-process.js';
 
+// Every case starts a gateway process of its own (1–3 s each under tsx): a minute alone, more on a
+// loaded machine, so the file has more than the suite's 120 s.
+t.setTimeout(360_000);
+
 t.test('a PostgreSQL store that cannot be reached ends the start with one line naming it, no stack', async (t) => {
   const dir = tempDir(t);
   const closed = await freePort();

@@ -10,6 +10,10 @@ import { createServer } from 'node:net';
 import { freePort } from '../helpers/process.js';
 import { start, minimalConfig, startConfigured, waitHealthy, tempDir, exitedOrListening, root } from '../helpers/start-process.js';
 
+// Every case starts a gateway process of its own (1–3 s each under tsx): a minute alone, more on a
+// loaded machine, so the file has more than the suite's 120 s.
+t.setTimeout(360_000);
+
 t.test('no config: listens on TOLLGATE_PORT at 127.0.0.1 and /healthz answers', async (t) => {
   const dir = tempDir(t);
   const port = await freePort();
