@@ -15,6 +15,7 @@ import { isIP } from 'node:net';
 import { buildApp } from './app.js';
 import { ConfigError, loadConfig } from './config.js';
 import { isStoreFailure } from './ledger-guard.js';
+import { routeStopSignals } from './stop-signals.js';
 import { OWNER_LOCK_WAIT_MS } from '../metering/stores/sqlite-owner-lock.js';
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
@@ -23,8 +24,6 @@ const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost']);
 const DEFAULT_DRAIN_MS = 25_000;
 /** A signal within this long of the first is taken as the same one, delivered twice (ms). */
 const SAME_SIGNAL_MS = 1_000;
-/** The signals that stop the gateway (SIGHUP too: see below). */
-const STOP_SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
 /** How much longer than the drain a stopping gateway waits before it exits whatever is left (ms). */
 const HARD_EXIT_AFTER_DRAIN_MS = 5_000;
 
@@ -66,7 +65,8 @@ async function main(): Promise<void> {
     process.stderr.write(`tollgate: ${signal} before the start finished: stopped\n`);
     process.exit(0);
   };
-  for (const signal of STOP_SIGNALS) process.on(signal, stopStarting);
+  // One listener a signal for the life of the process; what it calls changes once the gateway serves.
+  const stopSignals = routeStopSignals(stopStarting);
   const env = process.env;
   let config;
   try {
@@ -128,7 +128,6 @@ async function main(): Promise<void> {
     }
     app.log.warn('no client keys (none in the config, none made with the operator API): every request is tenant "local"');
   }
-  for (const signal of STOP_SIGNALS) process.off(signal, stopStarting);
   let closing = false;
   let firstSignalAt = 0;
   let stopNow: (() => void) | null = null;
@@ -173,12 +172,11 @@ async function main(): Promise<void> {
     app.log.info({ signal }, 'stopped');
     process.exit(0);
   };
-  process.on('SIGINT', () => void shutdown('SIGINT'));
-  process.on('SIGTERM', () => void shutdown('SIGTERM'));
-  // A closed terminal or ssh session (and many `reload` scripts) send SIGHUP, whose default ends
-  // the process at once and leaves every request in flight reserved, charged in full at the next
-  // start: it drains like SIGTERM. (Config is read only at start: a reload is a restart.)
-  process.on('SIGHUP', () => void shutdown('SIGHUP'));
+  // SIGINT and SIGTERM drain. A closed terminal or ssh session (and many `reload` scripts) send
+  // SIGHUP, whose default ends the process at once and leaves every request in flight reserved,
+  // charged in full at the next start: it drains too. (Config is read only at start: a reload is
+  // a restart.)
+  stopSignals.route((signal) => void shutdown(signal));
 
   try {
     await app.listen({ host, port });
