@@ -121,6 +121,7 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       );
     /** Answers before the body ended: the rest is discarded and the connection closed in stages. */
     const refuseEarly = (err: GatewayError) => {
+      request.pipelineStart = performance.now();
       over = true;
       chunks.length = 0;
       closeInStages(request.raw, { bytes: drain, ms: LINGER_MS }, lingering);
@@ -219,6 +220,9 @@ export function registerJsonBodyParser(app: FastifyInstance, limit: number): voi
       finish(null, body);
     };
     payload.on('end', () => {
+      // A refusal here (413, a malformed body's 400) is timed in the overhead histogram from now,
+      // as one the pipeline makes is from when it takes the body (server/error-handler.ts).
+      request.pipelineStart = performance.now();
       if (over) return finish(tooLarge(total, true));
       // A large body is parsed only once its key is known to pass (the check takes microseconds).
       if (keyChecked && total > UNAUTHENTICATED_BODY_BYTES) void keyChecked.then(ended);
