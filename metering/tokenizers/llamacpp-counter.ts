@@ -143,31 +143,16 @@ export class LlamaCppCounter implements TokenCounter {
       signal,
     );
     const pieces = tok.tokens.filter((t): t is Piece => typeof t === 'object' && t !== null);
-    if (pieces.length !== tok.tokens.length) {
-      // A server (or a proxy before it) that answers plain ids, ignoring `with_pieces`: the count is
-      // still exact, but where each message ends in it cannot be told, so nothing is taken as
-      // shared (a shared prefix may be counted low, never high: SPEC §4) — rather than throwing
-      // the exact count away for the byte estimate.
-      if (!tok.tokens.every((t) => Number.isInteger(t))) throw new LlamaCppCountError('llama.cpp /tokenize answered tokens that are neither ids nor pieces');
-      const ids = Int32Array.from(tok.tokens as number[]);
-      const prefix = new Array<number>(prompt.messages.length + 1).fill(0);
-      const result: ChatCount = { tokens: ids.length, prefix, prefixDigests: tokenDigests(ids, prefix), digestAt: (n) => tokenDigestAt(ids, n), method: this.method, upperBound: false };
-      this.remember(key, result);
-      return result;
-    }
-
-    // Offsets in the rendered prompt: [start of message 0's text, end of message 0, …], each end
-    // past the message's closing mark where the template writes one. prefix[0] is only what
-    // precedes the first message's text: conservative, because a shared prefix may be counted low
-    // but never high (SPEC §4).
-    const text = rendered.prompt;
-    const bounds = messageBoundaries(text, prompt.messages).map((b, i) => (i === 0 ? b : pastClosing(text, b)));
-    const counted = tokensBefore(rendered.prompt, pieces, bounds);
-    const prefix = [counted[0]];
-    for (let k = 0; k < prompt.messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));
-    const ids = Int32Array.from(pieces, (p) => p.id);
+    const withPieces = pieces.length === tok.tokens.length;
+    // A server (or a proxy before it) that answers plain ids, ignoring `with_pieces`: the count is
+    // still exact, but where each message ends in it cannot be told, so nothing is taken as shared
+    // (a shared prefix may be counted low, never high: SPEC §4) — rather than throwing the exact
+    // count away for the byte estimate.
+    if (!withPieces && !tok.tokens.every((t) => Number.isInteger(t))) throw new LlamaCppCountError('llama.cpp /tokenize answered tokens that are neither ids nor pieces');
+    const ids = withPieces ? Int32Array.from(pieces, (p) => p.id) : Int32Array.from(tok.tokens as number[]);
+    const prefix = withPieces ? messagePrefix(rendered.prompt, prompt.messages, pieces) : new Array<number>(prompt.messages.length + 1).fill(0);
     const result: ChatCount = {
-      tokens: pieces.length,
+      tokens: ids.length,
       prefix,
       prefixDigests: tokenDigests(ids, prefix),
       digestAt: (n) => tokenDigestAt(ids, n),
@@ -288,4 +273,18 @@ export async function fetchServerProps(
   };
   serverProps.set(baseUrl, read);
   return read;
+}
+
+/**
+ * Tokens of the rendered prompt before each message ends: offsets [start of message 0's text, end
+ * of message 0, …], each end past the message's closing mark where the template writes one.
+ * prefix[0] is only what precedes the first message's text: conservative, because a shared prefix
+ * may be counted low but never high (SPEC §4).
+ */
+function messagePrefix(text: string, messages: ChatMessage[], pieces: Piece[]): number[] {
+  const bounds = messageBoundaries(text, messages).map((b, i) => (i === 0 ? b : pastClosing(text, b)));
+  const counted = tokensBefore(text, pieces, bounds);
+  const prefix = [counted[0]];
+  for (let k = 0; k < messages.length; k++) prefix.push(Math.max(prefix[k], counted[k + 1]));
+  return prefix;
 }

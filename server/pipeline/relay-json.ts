@@ -144,7 +144,8 @@ export async function relayJson(plan: Plan, upstream: Dispatcher.ResponseData, e
   };
   const calls = choices.map(callsOf);
   const first = indexes.indexOf(0);
-  const toolCalls = { first: first < 0 ? 0 : calls[first]!, others: calls.reduce((a, b) => a + b, 0) - (first < 0 ? 0 : calls[first]!) };
+  const firstCalls = calls[first] ?? 0;
+  const toolCalls = { first: firstCalls, others: calls.reduce((a, b) => a + b, 0) - firstCalls };
   return {
     body,
     raw,
